@@ -1,0 +1,98 @@
+"""Root fixtures and the integration-tier switch.
+
+Tiers:
+- unit (default): SQLite, in-memory channel layer, no external services.
+- integration (`XIAOZHI_INTEGRATION=1` with DATABASE_URL=postgres://… and REDIS_URL=redis://…,
+  as `.ci/run` sets): the whole suite runs on PostgreSQL and Redis, and tests marked
+  `integration` run too. In that tier a missing service or a skipped integration test fails
+  the run instead of passing silently.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+INTEGRATION = os.environ.get("XIAOZHI_INTEGRATION") == "1"
+HOW_TO_ENABLE = (
+    "integration tier is off: start PostgreSQL and Redis and run with XIAOZHI_INTEGRATION=1 "
+    "DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 "
+    "make test (this is what .ci/run does)"
+)
+
+
+def _redis_reachable(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not INTEGRATION:
+        return
+    from django.conf import settings
+
+    problems = []
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        problems.append("DATABASE_URL must point to PostgreSQL")
+    if not settings.REDIS_URL or not _redis_reachable(settings.REDIS_URL):
+        problems.append("REDIS_URL must point to a running Redis")
+    if problems:
+        raise pytest.UsageError("XIAOZHI_INTEGRATION=1 but " + "; ".join(problems))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if INTEGRATION:
+        return
+    skip = pytest.mark.skip(reason=HOW_TO_ENABLE)
+    for item in items:
+        if "integration" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator:
+    report = yield
+    # With the tier on, nothing in it may be skipped: a skip would hide a broken service.
+    if INTEGRATION and report.skipped and "integration" in item.keywords:
+        report.outcome = "failed"
+        report.longrepr = f"integration test skipped while XIAOZHI_INTEGRATION=1: {report.longrepr}"
+    return report
+
+
+@pytest.fixture
+def redis_url() -> str:
+    from django.conf import settings
+
+    if not settings.REDIS_URL:
+        pytest.skip(HOW_TO_ENABLE)
+    return settings.REDIS_URL
+
+
+@pytest.fixture
+def asgi_server_factory(transactional_db: None) -> Iterator:
+    """Start real daphne servers sharing the test database; stopped after the test."""
+    from django.db import connection
+
+    from testing.server import AsgiServer, database_url
+
+    servers: list[AsgiServer] = []
+
+    def start(**env: str) -> AsgiServer:
+        merged = {"DATABASE_URL": database_url(connection.settings_dict), **env}
+        server = AsgiServer(env=merged).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def asgi_server(asgi_server_factory):  # noqa: ANN001, ANN201
+    return asgi_server_factory()

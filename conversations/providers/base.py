@@ -1,0 +1,70 @@
+"""Contracts for the pluggable pipeline stages.
+
+Providers are plain async Python: no ORM, no Django settings. They receive their
+configuration as keyword arguments from `registry.build` and fail with ProviderError, which
+the pipeline answers by moving to the next provider in the persona's fallback list.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class ProviderError(Exception):
+    """A provider could not do its job (network, timeout, bad reply, missing model)."""
+
+
+@dataclass(frozen=True)
+class PCMChunk:
+    """Signed 16-bit little-endian mono PCM."""
+
+    pcm: bytes
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # raw JSON text, as the model produced it
+
+
+@dataclass(frozen=True)
+class LLMDelta:
+    """A piece of a streamed completion. `tool_calls` is set only on the final delta."""
+
+    text: str = ""
+    tool_calls: list[ToolCall] | None = field(default=None)
+
+
+@runtime_checkable
+class ASR(Protocol):
+    name: str
+
+    async def transcribe(self, pcm: bytes, sample_rate: int, language: str | None) -> str:
+        """Transcribe one utterance; an empty string means nothing was said."""
+
+
+@runtime_checkable
+class LLM(Protocol):
+    name: str
+
+    def stream(
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None,
+        model: str,
+        temperature: float,
+        max_tokens: int,
+    ) -> AsyncIterator[LLMDelta]:
+        """Stream a chat completion; raises ProviderError on failure."""
+
+
+@runtime_checkable
+class TTS(Protocol):
+    name: str
+
+    def synthesize(self, text: str, *, voice: str, language: str) -> AsyncIterator[PCMChunk]:
+        """Stream speech for one sentence; raises ProviderError on failure."""

@@ -1,0 +1,47 @@
+"""Provider registry: kind -> dotted path, imported lazily on first use.
+
+Adding a provider is one line here plus one module. Persona admin choices are derived from
+this table, so the admin can never offer a kind the code does not know.
+"""
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+REGISTRY: dict[str, dict[str, str]] = {
+    "asr": {
+        "faster_whisper": "conversations.providers.asr.faster_whisper.FasterWhisperASR",
+        "openai": "conversations.providers.asr.openai_compat.OpenAIASR",
+    },
+    "llm": {
+        "openai": "conversations.providers.llm.openai_compat.OpenAILLM",
+    },
+    "tts": {
+        "edge": "conversations.providers.tts.edge.EdgeTTS",
+        "openai": "conversations.providers.tts.openai_compat.OpenAITTS",
+        "espeak": "conversations.providers.tts.espeak.EspeakTTS",
+    },
+}
+
+_classes: dict[tuple[str, str], type] = {}
+
+
+def choices(stage: str) -> list[tuple[str, str]]:
+    return [(kind, kind) for kind in REGISTRY[stage]]
+
+
+def provider_class(stage: str, kind: str) -> type:
+    key = (stage, kind)
+    if key not in _classes:
+        try:
+            path = REGISTRY[stage][kind]
+        except KeyError:
+            raise KeyError(f"unknown {stage} provider {kind!r}") from None
+        module_name, _, class_name = path.rpartition(".")
+        _classes[key] = getattr(import_module(module_name), class_name)
+    return _classes[key]
+
+
+def build(stage: str, kind: str, **config: Any) -> Any:
+    """Instantiate a provider; `config` holds its keyword options (URLs, keys, model)."""
+    return provider_class(stage, kind)(**config)

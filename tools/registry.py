@@ -1,0 +1,409 @@
+"""One registry through which the LLM sees and calls every tool, whatever its source.
+
+Sources (built-in server tools, remote MCP servers, the device's own MCP server, gateway
+clients) implement the small `ToolSource` protocol. A `Toolset` (one per session) lists them
+concurrently, filters them through a `ToolPolicy`, gives each tool an LLM-safe name and
+dispatches calls. `Toolset.call` never raises (except `asyncio.CancelledError`, so that an
+interrupted turn really stops): every failure becomes a `ToolCallRecord` with
+`success=False` and a clear text for the LLM, because a traceback helps nobody mid-sentence.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+from jsonschema.protocols import Validator
+from jsonschema.validators import validator_for
+
+from tools.errors import ToolError
+from tools.naming import NameMap
+
+logger = logging.getLogger(__name__)
+
+_MAX_LISTED = 40  # tool names quoted back to the LLM after an unknown-tool call
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str  # the source's own name, e.g. "self.audio_speaker.set_volume"
+    description: str
+    parameters: dict  # JSON schema (object)
+    source: str  # "server" | "mcp" | "device" | "client"
+    user_only: bool = False  # device tools with annotations.audience == ["user"]
+    origin: str = ""  # e.g. MCP server name
+
+
+@runtime_checkable
+class ToolSource(Protocol):
+    """Anything that can list and call tools.
+
+    `call` returns the text the LLM will read and raises ToolError with a clear message on
+    failure. A source may also carry an `origin: str` attribute (the MCP server name); the
+    Toolset uses it to tell two sources of the same kind apart.
+    """
+
+    kind: str  # "server" | "mcp" | "device" | "client"
+    timeout: float  # seconds a single call may take
+
+    async def list_tools(self) -> list[ToolSpec]: ...
+
+    async def call(self, name: str, arguments: dict) -> str: ...
+
+
+@dataclass
+class ToolCallRecord:
+    """What happened when the LLM called a tool; stored in conversation history.
+
+    `error` is a short machine-readable code ("" on success): unknown_tool,
+    invalid_json, invalid_arguments, timeout, tool_error, exception.
+    """
+
+    name: str
+    llm_name: str
+    source: str
+    arguments: dict
+    result: str
+    success: bool
+    duration_ms: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """Which tools a persona may offer to the LLM.
+
+    `server_tools` / `mcp_servers` are allow-lists (None = all); MCP servers are matched by
+    origin name. User-only device tools are never offered, whatever the policy says: the
+    firmware marks them so because an LLM must not reboot or re-flash the device.
+    """
+
+    server_tools: frozenset[str] | None = None
+    mcp_servers: frozenset[str] | None = None
+    device_tools: bool = True
+    device_exclude: frozenset[str] = field(default_factory=frozenset)
+
+    def allows(self, spec: ToolSpec) -> bool:
+        if spec.user_only:
+            return False
+        if spec.source == "server":
+            return self.server_tools is None or spec.name in self.server_tools
+        if spec.source == "mcp":
+            return self.mcp_servers is None or spec.origin in self.mcp_servers
+        if spec.source == "device":
+            return self.device_tools and spec.name not in self.device_exclude
+        return True
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A tool as the Toolset offers it: spec, owner, LLM name and compiled validator."""
+
+    spec: ToolSpec
+    source_key: str
+    llm_name: str
+    parameters: dict
+    validator: Validator | None
+
+
+class _CallFailed(Exception):
+    """Internal: a call step failed; carries the record fields for the LLM."""
+
+    def __init__(self, code: str, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+
+def source_key(source: ToolSource) -> str:
+    """Base key of a source: its kind, plus the origin when it has one ("mcp:weather")."""
+    origin = getattr(source, "origin", "") or ""
+    return f"{source.kind}:{origin}" if origin else source.kind
+
+
+def empty_schema() -> dict[str, Any]:
+    """The schema of a tool without parameters (a fresh dict each time: callers mutate)."""
+    return {"type": "object", "properties": {}}
+
+
+def llm_parameters(schema: object) -> dict:
+    """A parameters object OpenAI accepts, whatever a remote source sent."""
+    if not isinstance(schema, dict):
+        return empty_schema()
+    params = dict(schema)
+    params.setdefault("type", "object")
+    if params["type"] == "object":
+        params.setdefault("properties", {})
+    return params
+
+
+def compile_validator(schema: dict, tool: str) -> Validator | None:
+    """Build a jsonschema validator; None (validation skipped) if the schema is broken.
+
+    The draft comes from `$schema` when present, else 2020-12 (a superset of what the
+    device and most MCP servers write). A broken remote schema is logged, not fatal: the
+    source will still check its own arguments.
+    """
+    try:
+        cls = validator_for(schema, default=Draft202012Validator)
+        cls.check_schema(schema)
+        return cls(schema)
+    except Exception:
+        logger.warning(
+            "tool schema invalid, argument validation skipped", extra={"tool_name": tool}
+        )
+        return None
+
+
+class Toolset:
+    """All tools one session may use, under LLM-safe names.
+
+    Build it with the sources known at start, `await refresh()`, then hand `llm_tools()` to
+    the LLM and route its calls to `call()`. Sources that appear later (the device's MCP
+    server after hello, tools registered by a gateway client) join with `add_source()`.
+    """
+
+    def __init__(
+        self,
+        sources: list[ToolSource],
+        policy: ToolPolicy | None = None,
+        *,
+        list_timeout: float = 30.0,
+    ) -> None:
+        self._policy = policy or ToolPolicy()
+        self._list_timeout = list_timeout
+        self._sources: dict[str, ToolSource] = {}
+        self._specs: dict[str, list[ToolSpec]] = {}
+        self._entries: dict[str, _Entry] = {}
+        for source in sources:
+            self._register(source)
+
+    # -- sources ---------------------------------------------------------------------------
+
+    def _register(self, source: ToolSource) -> str:
+        base = source_key(source)
+        key, n = base, 1
+        while key in self._sources:
+            n += 1
+            key = f"{base}#{n}"
+        self._sources[key] = source
+        return key
+
+    def _key_of(self, source: ToolSource) -> str | None:
+        return next((k for k, s in self._sources.items() if s is source), None)
+
+    @property
+    def sources(self) -> list[ToolSource]:
+        return list(self._sources.values())
+
+    async def add_source(self, source: ToolSource) -> None:
+        """Register a source and list its tools now (the others are not re-listed)."""
+        key = self._key_of(source) or self._register(source)
+        await self._list_one(key, source)
+        self._rebuild()
+
+    def remove_source(self, source: ToolSource) -> None:
+        """Forget a source and its tools (device disconnected, client unregistered)."""
+        key = self._key_of(source)
+        if key is None:
+            return
+        del self._sources[key]
+        self._specs.pop(key, None)
+        self._rebuild()
+
+    async def refresh(self) -> None:
+        """List every source concurrently; a failing source just contributes no tools."""
+        items = list(self._sources.items())
+        await asyncio.gather(*(self._list_one(key, source) for key, source in items))
+        self._rebuild()
+
+    async def _list_one(self, key: str, source: ToolSource) -> None:
+        try:
+            async with asyncio.timeout(self._list_timeout):
+                specs = await source.list_tools()
+        except Exception:
+            logger.warning("tool source listing failed", exc_info=True, extra={"tool_source": key})
+            specs = []
+        # The source may have been removed while we were waiting for it.
+        if self._sources.get(key) is source:
+            self._specs[key] = list(specs)
+
+    # -- catalogue -------------------------------------------------------------------------
+
+    def _allowed(self) -> Iterable[tuple[str, ToolSpec]]:
+        for key, specs in self._specs.items():
+            seen: set[str] = set()
+            for spec in specs:
+                if spec.name not in seen and self._policy.allows(spec):
+                    seen.add(spec.name)
+                    yield key, spec
+
+    def _rebuild(self) -> None:
+        allowed = list(self._allowed())
+        names = NameMap((key, spec.name) for key, spec in allowed)
+        entries: dict[str, _Entry] = {}
+        for key, spec in allowed:
+            llm_name = names.to_llm(key, spec.name)
+            params = llm_parameters(spec.parameters)
+            validator = compile_validator(params, spec.name)
+            entries[llm_name] = _Entry(spec, key, llm_name, params, validator)
+        self._entries = dict(sorted(entries.items()))
+
+    def specs(self) -> list[ToolSpec]:
+        """The specs offered to the LLM (after policy), in LLM-name order."""
+        return [entry.spec for entry in self._entries.values()]
+
+    def llm_name(self, source_kind: str, name: str) -> str | None:
+        """The LLM name of a source's tool, e.g. to mention it in a prompt."""
+        for entry in self._entries.values():
+            if entry.spec.source == source_kind and entry.spec.name == name:
+                return entry.llm_name
+        return None
+
+    def llm_tools(self) -> list[dict]:
+        """The OpenAI `tools` array."""
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": entry.llm_name,
+                    "description": entry.spec.description or entry.spec.name,
+                    "parameters": entry.parameters,
+                },
+            }
+            for entry in self._entries.values()
+        ]
+
+    # -- calls -----------------------------------------------------------------------------
+
+    async def call(self, llm_name: str, arguments_json: str | dict | None) -> ToolCallRecord:
+        """Run one tool call for the LLM. Never raises, except asyncio.CancelledError."""
+        started = time.monotonic()
+        entry: _Entry | None = None
+        arguments: dict = {}
+        try:
+            entry = self._lookup(llm_name)
+            arguments = parse_arguments(arguments_json)
+            self._validate(entry, arguments)
+            result = await self._run(entry, arguments)
+        except _CallFailed as failure:
+            return self._record(llm_name, entry, arguments, started, failure.text, failure.code)
+        return self._record(llm_name, entry, arguments, started, result, "")
+
+    def _lookup(self, llm_name: str) -> _Entry:
+        entry = self._entries.get(llm_name)
+        if entry is None:
+            available = ", ".join(list(self._entries)[:_MAX_LISTED]) or "none"
+            raise _CallFailed(
+                "unknown_tool",
+                f"Error: there is no tool named '{llm_name}'. Available tools: {available}.",
+            )
+        return entry
+
+    def _validate(self, entry: _Entry, arguments: dict) -> None:
+        if entry.validator is None:
+            return
+        try:
+            error = next(iter(entry.validator.iter_errors(arguments)), None)
+        except Exception:
+            # A schema can pass check_schema and still fail at use ($ref to nowhere).
+            logger.warning(
+                "tool argument validation crashed, skipped", extra={"tool_name": entry.spec.name}
+            )
+            return
+        if error is not None:
+            raise _CallFailed("invalid_arguments", _schema_error_text(entry.llm_name, error))
+
+    async def _run(self, entry: _Entry, arguments: dict) -> str:
+        source = self._sources.get(entry.source_key)
+        name = entry.llm_name
+        if source is None:
+            raise _CallFailed("unknown_tool", f"Error: the tool '{name}' is no longer available.")
+        try:
+            async with asyncio.timeout(source.timeout):
+                result = await source.call(entry.spec.name, arguments)
+        except TimeoutError:
+            raise _CallFailed(
+                "timeout", f"Error: the tool '{name}' did not answer within {source.timeout:g} seconds."
+            ) from None
+        except ToolError as exc:
+            raise _CallFailed("tool_error", f"Error: {exc}" if str(exc) else "Error: the tool failed.")
+        except Exception as exc:
+            logger.exception(
+                "tool raised unexpectedly",
+                extra={"tool_name": entry.spec.name, "tool_source": entry.source_key},
+            )
+            raise _CallFailed(
+                "exception", f"Error: the tool '{name}' failed unexpectedly ({type(exc).__name__})."
+            ) from None
+        if isinstance(result, str):
+            return result
+        # A source broke the contract and returned data; the LLM still needs text.
+        return json.dumps(result, ensure_ascii=False, default=str)
+
+    def _record(
+        self,
+        llm_name: str,
+        entry: _Entry | None,
+        arguments: dict,
+        started: float,
+        result: str,
+        error: str,
+    ) -> ToolCallRecord:
+        record = ToolCallRecord(
+            name=entry.spec.name if entry else llm_name,
+            llm_name=llm_name,
+            source=entry.spec.source if entry else "",
+            arguments=arguments,
+            result=result,
+            success=not error,
+            duration_ms=round((time.monotonic() - started) * 1000, 3),
+            error=error,
+        )
+        logger.info(
+            "tool call finished",
+            extra={
+                "tool_name": record.name,
+                "tool_args": arguments,
+                "tool_error": error,
+                "duration_ms": record.duration_ms,
+            },
+        )
+        return record
+
+
+def parse_arguments(arguments_json: str | dict | None) -> dict:
+    """The call's arguments as a dict; models send "" or null for tools without parameters."""
+    if arguments_json is None:
+        return {}
+    if isinstance(arguments_json, dict):
+        return arguments_json
+    if not isinstance(arguments_json, str):
+        raise _CallFailed("invalid_json", "Error: the tool arguments must be a JSON object.")
+    if not arguments_json.strip():
+        return {}
+    try:
+        value = json.loads(arguments_json)
+    except ValueError as exc:
+        raise _CallFailed(
+            "invalid_json",
+            f"Error: the tool arguments are not valid JSON ({exc}). Send a JSON object.",
+        ) from None
+    if not isinstance(value, dict):
+        raise _CallFailed("invalid_json", "Error: the tool arguments must be a JSON object.")
+    return value
+
+
+def _schema_error_text(llm_name: str, error: ValidationError) -> str:
+    where = "/".join(str(p) for p in error.absolute_path)
+    location = f" at '{where}'" if where else ""
+    return (
+        f"Error: invalid arguments for tool '{llm_name}'{location}: {error.message}. "
+        "Fix the arguments and call it again."
+    )

@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from xiaozhi_site.celery import app as celery_app
+
+__all__ = ["celery_app"]

