@@ -111,6 +111,12 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# The cache holds rate-limit counters; they must be shared by every web process.
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
 CELERY_DIR = DATA_DIR / "celery"
 _default_broker = REDIS_URL or "filesystem://"
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", _default_broker)

@@ -14,4 +14,5 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("", include("devices.urls")),
+    path("", include("conversations.urls")),
 ]

@@ -1,0 +1,95 @@
+"""Plain configuration and record types shared by the session, the engine and the consumer.
+
+Built by the consumer from settings, the Device and its Persona; the pipeline never reads
+Django settings or models itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    id: int | None
+    mac: str
+    name: str = ""
+    location: str = ""
+    timezone: str = "UTC"
+    bound: bool = True
+    activation_code: str | None = None
+
+
+@dataclass(frozen=True)
+class PersonaConfig:
+    name: str = "Xiaozhi"
+    system_prompt: str = "You are {persona_name}, a helpful voice assistant. Reply in {language}."
+    language: str = "en"
+    voice: str = ""
+    asr: tuple[str, ...] = ("faster_whisper",)
+    llm: tuple[str, ...] = ("openai",)
+    tts: tuple[str, ...] = ("espeak",)
+    llm_model: str = ""
+    temperature: float = 0.7
+    max_tokens: int = 512
+    context_turns: int = 10
+    vad_threshold: float = 0.5
+    vad_threshold_low: float = 0.3
+    vad_min_silence_ms: int = 600
+    greeting: str = ""
+    exit_phrases: tuple[str, ...] = ()
+    farewell: str = "Goodbye!"
+    server_tools: tuple[str, ...] | None = None  # None allows every built-in tool
+    mcp_servers: tuple[str, ...] = ()
+    device_tools_enabled: bool = True
+    device_tool_exclusions: tuple[str, ...] = ()
+    characters: tuple[dict[str, str], ...] = ()  # other personas, for role-play tools
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    session_id: str
+    device: DeviceInfo
+    persona: PersonaConfig = field(default_factory=PersonaConfig)
+    # provider kind -> constructor keyword arguments (URLs, keys, model paths) from settings
+    providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    llm_model: str = ""
+    downlink_sample_rate: int = 24000
+    hello_timeout: float = 10.0
+    idle_timeout: float = 120.0
+    hard_timeout: float = 180.0
+    max_text_bytes: int = 64 * 1024
+    max_binary_bytes: int = 4096
+    max_messages_per_second: int = 100
+    device_tool_timeout: float = 30.0
+    server_tool_timeout: float = 10.0
+    vision_url: str = ""
+    vision_token: str = ""
+    unbound_policy: str = "speak_code"
+    weather_base_url: str = ""
+    geocoding_url: str = ""
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str
+    device_id: int | None
+    protocol_version: int = 1
+    listen_mode: str = "auto"
+
+
+@dataclass
+class TurnRecord:
+    """One finished (or interrupted) exchange, persisted off the audio path."""
+
+    index: int
+    user_text: str = ""
+    reply_text: str = ""
+    emotion: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    providers: dict[str, str] = field(default_factory=dict)
+    # milliseconds relative to speech end: asr_done, llm_first_token, tts_first_audio,
+    # first_frame_sent, last_frame_sent (speech_end is 0 by definition)
+    timings: dict[str, float] = field(default_factory=dict)
+    interrupted: bool = False
+    error: str = ""
