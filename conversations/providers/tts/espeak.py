@@ -1,0 +1,125 @@
+"""Offline TTS with espeak-ng: robotic, but 10-20 ms per sentence and always available.
+
+It is the last-resort fallback when cloud TTS is unreachable, and the voice of the tests.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+from conversations.providers.base import PCMChunk, ProviderError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RATE = 22050  # what espeak-ng writes; read from the header when it is there
+# Language code (first part of e.g. "zh-CN") -> espeak-ng voice.
+LANGUAGE_VOICES = {
+    "zh": "cmn", "en": "en-us", "ja": "ja", "ko": "ko", "de": "de",
+    "fr": "fr", "ru": "ru", "pt": "pt", "es": "es", "it": "it",
+}
+FALLBACK_VOICE = "en-us"
+
+_known_voices: frozenset[str] | None = None
+
+
+def _base_language(language: str) -> str:
+    return language.replace("_", "-").split("-")[0].lower()
+
+
+def parse_voice_list(listing: str) -> frozenset[str]:
+    """Names `-v` accepts, from `espeak-ng --voices`: language codes and file names."""
+    names: set[str] = set()
+    for line in listing.splitlines()[1:]:  # first line is the column header
+        cols = line.split()
+        if len(cols) >= 5:
+            names.update({cols[1].lower(), cols[4].lower(), cols[4].rsplit("/", 1)[-1].lower()})
+    return frozenset(names)
+
+
+def split_wav_stream(data: bytes) -> tuple[bytes, int]:
+    """PCM and rate from `--stdout` output.
+
+    The streamed header's size fields are bogus (0x7ffff000), so the PCM length comes from
+    the byte count: everything after the `data` chunk header (byte 44 in espeak's canonical
+    header), trimmed to whole samples.
+    """
+    marker = data.find(b"data", 12, 256)
+    if data[:4] != b"RIFF" or marker < 0:
+        raise ProviderError("espeak-ng produced no WAV data")
+    rate = struct.unpack_from("<I", data, 24)[0] or DEFAULT_RATE
+    pcm = data[marker + 8 :]
+    return pcm[: len(pcm) - len(pcm) % 2], rate
+
+
+class EspeakTTS:
+    """TTS provider (`conversations.providers.base.TTS`) running the espeak-ng binary."""
+
+    name = "espeak"
+
+    def __init__(
+        self, binary: str = "espeak-ng", speed: int = 175, timeout: float = 10.0, **_: Any
+    ) -> None:
+        self.binary = binary
+        self.speed = int(speed)  # words per minute, espeak's -s
+        self.timeout = float(timeout)
+
+    async def synthesize(self, text: str, *, voice: str, language: str) -> AsyncIterator[PCMChunk]:
+        """One chunk with the whole sentence: espeak renders a sentence in ~15 ms."""
+        if not text.strip():
+            return
+        espeak_voice = await self._pick_voice(voice, language)
+        args = ["--stdout", "-v", espeak_voice, "-s", str(self.speed), "--stdin"]
+        data = await self._run(args, text)
+        pcm, rate = split_wav_stream(data)
+        if pcm:
+            yield PCMChunk(pcm, rate)
+
+    async def _pick_voice(self, voice: str, language: str) -> str:
+        """An espeak voice name passed as `voice` wins; otherwise map the language.
+
+        Personas often carry a cloud voice ("en-US-AriaNeural") while espeak is only the
+        fallback, so a voice espeak does not know is ignored, not passed through.
+        """
+        if voice and voice.split("+")[0].lower() in await self._voices():
+            return voice
+        return LANGUAGE_VOICES.get(_base_language(language or ""), FALLBACK_VOICE)
+
+    async def _voices(self) -> frozenset[str]:
+        global _known_voices  # one listing per process; voices do not change at runtime
+        if _known_voices is None:
+            listing = await self._run(["--voices"], "")
+            _known_voices = parse_voice_list(listing.decode("utf-8", "replace"))
+        return _known_voices
+
+    async def _run(self, args: list[str], stdin_text: str) -> bytes:
+        # Text goes through stdin, never argv: no option injection ("-w /etc/..."), no limit.
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self.binary, *args, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:  # FileNotFoundError / PermissionError
+            raise ProviderError(f"cannot run {self.binary!r}: {exc}") from exc
+        try:
+            out, err = await asyncio.wait_for(
+                proc.communicate(stdin_text.encode("utf-8")), self.timeout
+            )
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            await _kill(proc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise ProviderError(f"espeak-ng timed out after {self.timeout:g} s") from exc
+        if proc.returncode != 0:
+            detail = err.decode("utf-8", "replace")[:200]
+            raise ProviderError(f"espeak-ng failed ({proc.returncode}): {detail}")
+        return out
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    """Do not leave an orphan espeak behind a timeout or a cancelled sentence."""
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()

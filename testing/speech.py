@@ -1,0 +1,69 @@
+"""Real speech for tests and benchmarks, synthesized offline with espeak-ng.
+
+Whisper tiny.en transcribes espeak almost perfectly and Silero VAD detects it, so these
+helpers give end-to-end tests genuine audio without shipping recordings. Blocking calls:
+use them from test setup or executor threads, not from a running event loop's hot path.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from devices.protocol.audio import read_wav, resample, write_wav
+from devices.protocol.opus import OpusEncoder
+
+DEVICE_RATE = 16000  # uplink rate of the Xiaozhi firmware
+DEVICE_FRAME_MS = 60
+_ESPEAK_TIMEOUT_S = 10.0
+
+
+def espeak_available() -> bool:
+    return shutil.which("espeak-ng") is not None
+
+
+@lru_cache(maxsize=64)
+def speak(text: str, *, rate: int = DEVICE_RATE, voice: str = "en") -> bytes:
+    """`text` spoken by espeak-ng as s16le mono PCM at `rate` (cached per arguments).
+
+    Uses `-w file` rather than `--stdout`: the streamed WAV header carries a bogus size.
+    """
+    with tempfile.TemporaryDirectory(prefix="speak-") as tmp:
+        path = Path(tmp) / "speech.wav"
+        subprocess.run(
+            ["espeak-ng", "-v", voice, "-w", str(path), "--stdin"],
+            input=text.encode("utf-8"),
+            check=True,
+            capture_output=True,
+            timeout=_ESPEAK_TIMEOUT_S,
+        )
+        pcm, source_rate = read_wav(path)
+    return resample(pcm, source_rate, rate)
+
+
+def speak_wav(path: str | Path, text: str, rate: int = DEVICE_RATE) -> Path:
+    """Write `text` as a mono 16-bit WAV at `rate`; returns the path."""
+    write_wav(path, speak(text, rate=rate), rate)
+    return Path(path)
+
+
+def silence(rate: int, ms: float) -> bytes:
+    return bytes(int(rate * ms / 1000) * 2)
+
+
+def with_silence(pcm: bytes, rate: int, before_ms: float, after_ms: float) -> bytes:
+    """Pad `pcm` with digital silence, e.g. to give VAD a clear start and end."""
+    return silence(rate, before_ms) + pcm + silence(rate, after_ms)
+
+
+def opus_packets(pcm16k: bytes, *, dtx: bool = True) -> list[bytes]:
+    """Encode 16 kHz PCM as the device does: 60 ms frames, application audio, DTX on.
+
+    The last frame is zero-padded. With DTX, silence turns into 1-byte packets, which is
+    exactly what a real device sends between utterances.
+    """
+    encoder = OpusEncoder(DEVICE_RATE, DEVICE_FRAME_MS, bitrate=24000, application="audio", dtx=dtx)
+    size = encoder.frame_bytes
+    return [encoder.encode(pcm16k[i : i + size]) for i in range(0, len(pcm16k), size)]
