@@ -7,6 +7,7 @@ Redis for production.
 """
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -96,7 +97,9 @@ except ValueError as exc:
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (web, worker, beat) share the file: wait for locks instead of failing.
     DATABASES["default"]["OPTIONS"] = {"timeout": 20}
-    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-db.sqlite3")}
+    # A file, not :memory:, so end-to-end tests can share it with a server subprocess; one per
+    # test process so concurrent test runs never trample each other.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-db-{os.getpid()}.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis, channel layer, Celery -----------------------------------------------------
