@@ -9,7 +9,7 @@ class McpServer(models.Model):
     TRANSPORT_SSE = "sse"
     TRANSPORTS = [(TRANSPORT_STREAMABLE_HTTP, "Streamable HTTP"), (TRANSPORT_SSE, "SSE")]
 
-    name = models.SlugField(max_length=50, unique=True, help_text="Short name; prefixes the tool names the LLM sees.")
+    name = models.SlugField(max_length=50, unique=True, help_text="Short name shown in the admin and used in persona tool policies.")
     url = models.URLField(max_length=500)
     transport = models.CharField(max_length=20, choices=TRANSPORTS, default=TRANSPORT_STREAMABLE_HTTP)
     headers = models.JSONField(default=dict, blank=True, help_text='Extra HTTP headers, e.g. {"Authorization": "Bearer …"}.')

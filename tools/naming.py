@@ -66,8 +66,9 @@ def _with_suffix(base: str, n: int) -> str:
 
 
 def source_rank(source_key: str) -> int:
-    """Priority of a source key such as "server", "device" or "mcp:weather"."""
-    return _KIND_RANK.get(source_key.split(":", 1)[0], len(_KIND_RANK))
+    """Priority of a source key such as "server", "device", "mcp:weather" or "client#2"."""
+    kind = re.split(r"[:#]", source_key, maxsplit=1)[0]
+    return _KIND_RANK.get(kind, len(_KIND_RANK))
 
 
 class NameMap:

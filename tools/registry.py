@@ -138,8 +138,11 @@ def llm_parameters(schema: object) -> dict:
         return empty_schema()
     params = dict(schema)
     params.setdefault("type", "object")
-    if params["type"] == "object":
-        params.setdefault("properties", {})
+    if params["type"] != "object":
+        # MCP requires an object schema; anything else would make the LLM API refuse
+        # the whole request, not just this tool.
+        return empty_schema()
+    params.setdefault("properties", {})
     return params
 
 
@@ -227,8 +230,15 @@ class Toolset:
         try:
             async with asyncio.timeout(self._list_timeout):
                 specs = await source.list_tools()
+        except (ToolError, TimeoutError) as exc:
+            # Expected (server down, device slow): no traceback, the reason is enough.
+            reason = str(exc) or type(exc).__name__
+            logger.warning(
+                "tool source listing failed", extra={"tool_source": key, "reason": reason}
+            )
+            specs = []
         except Exception:
-            logger.warning("tool source listing failed", exc_info=True, extra={"tool_source": key})
+            logger.exception("tool source listing failed", extra={"tool_source": key})
             specs = []
         # The source may have been removed while we were waiting for it.
         if self._sources.get(key) is source:
@@ -327,13 +337,14 @@ class Toolset:
             raise _CallFailed("unknown_tool", f"Error: the tool '{name}' is no longer available.")
         try:
             async with asyncio.timeout(source.timeout):
-                result = await source.call(entry.spec.name, arguments)
+                # A copy: the record must show what the LLM sent even if the source mutates.
+                result = await source.call(entry.spec.name, dict(arguments))
         except TimeoutError:
-            raise _CallFailed(
-                "timeout", f"Error: the tool '{name}' did not answer within {source.timeout:g} seconds."
-            ) from None
+            text = f"Error: the tool '{name}' did not answer within {source.timeout:g} seconds."
+            raise _CallFailed("timeout", text) from None
         except ToolError as exc:
-            raise _CallFailed("tool_error", f"Error: {exc}" if str(exc) else "Error: the tool failed.")
+            text = f"Error: {exc}" if str(exc) else f"Error: the tool '{name}' failed."
+            raise _CallFailed("tool_error", text) from None
         except Exception as exc:
             logger.exception(
                 "tool raised unexpectedly",
@@ -379,7 +390,7 @@ class Toolset:
 
 
 def parse_arguments(arguments_json: str | dict | None) -> dict:
-    """The call's arguments as a dict; models send "" or null for tools without parameters."""
+    """The call's arguments as a dict; models send "", "null" or nothing for "no arguments"."""
     if arguments_json is None:
         return {}
     if isinstance(arguments_json, dict):
@@ -395,6 +406,8 @@ def parse_arguments(arguments_json: str | dict | None) -> dict:
             "invalid_json",
             f"Error: the tool arguments are not valid JSON ({exc}). Send a JSON object.",
         ) from None
+    if value is None:
+        return {}
     if not isinstance(value, dict):
         raise _CallFailed("invalid_json", "Error: the tool arguments must be a JSON object.")
     return value

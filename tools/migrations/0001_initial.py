@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
             name='McpServer',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(help_text='Short name; prefixes the tool names the LLM sees.', unique=True)),
+                ('name', models.SlugField(help_text='Short name shown in the admin and used in persona tool policies.', unique=True)),
                 ('url', models.URLField(max_length=500)),
                 ('transport', models.CharField(choices=[('streamable_http', 'Streamable HTTP'), ('sse', 'SSE')], default='streamable_http', max_length=20)),
                 ('headers', models.JSONField(blank=True, default=dict, help_text='Extra HTTP headers, e.g. {"Authorization": "Bearer …"}.')),
