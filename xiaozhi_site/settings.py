@@ -148,6 +148,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # --- Security ---------------------------------------------------------------------------
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = envbool("DJANGO_SECURE_SSL_REDIRECT", False)
+# Devices may be provisioned over plain HTTP: never redirect their endpoints (the firmware
+# treats anything but 200 as a failed OTA check and falls back to MQTT).
+SECURE_REDIRECT_EXEMPT = [r"^xiaozhi/", r"^mcp/", r"^healthz$"]
 SESSION_COOKIE_SECURE = envbool("DJANGO_SECURE_COOKIES", False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_HSTS_SECONDS = envint("DJANGO_HSTS_SECONDS", 0, minimum=0)

@@ -59,3 +59,18 @@ def test_settings_fail_clearly_on_a_bad_value(tmp_path) -> None:  # noqa: ANN001
     )
     assert result.returncode != 0
     assert "ImproperlyConfigured: XIAOZHI_WS_AUTH must be one of token, open" in result.stderr
+
+
+def test_check_deploy_is_clean_with_production_settings(tmp_path) -> None:  # noqa: ANN001
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XIAOZHI_DATA_DIR": str(tmp_path), "DJANGO_DEBUG": "false",
+           "DJANGO_SECRET_KEY": "x" * 20 + "-production-secret-key-with-enough-entropy-9f8e7d",
+           "DJANGO_ALLOWED_HOSTS": "xz.example.com", "DJANGO_SECURE_SSL_REDIRECT": "true",
+           "DJANGO_SECURE_COOKIES": "true", "DJANGO_HSTS_SECONDS": "31536000"}
+    result = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+                            env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
