@@ -88,6 +88,9 @@ class ActivationCode(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
     used_at = models.DateTimeField(null=True, blank=True)
+    # When the device was told "200 activated" for this challenge; a second answer for the
+    # same challenge is a replay.
+    activated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -1,0 +1,242 @@
+"""Fleet admin: devices (bind, revoke), firmware releases and rollouts, codes, device keys.
+
+Admin methods stay tiny: every change goes through devices.services.
+"""
+from __future__ import annotations
+
+import hashlib
+
+from django.contrib import admin, messages
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.template.defaultfilters import filesizeformat
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+
+from devices.auth import normalize_mac
+from devices.forms import DeviceBindForm, DeviceKeyUploadForm, FirmwareReleaseForm
+from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease
+from devices.ratelimit import code_entry_limit, rate_limit_hit
+from devices.selectors import activation_codes_outstanding
+from devices.services import (
+    BindError,
+    device_bind,
+    device_keys_import,
+    device_keys_parse_csv,
+    device_revoke_tokens,
+    device_unbind,
+    firmware_release_save,
+)
+from devices.views import client_address
+
+
+class BoundFilter(admin.SimpleListFilter):
+    title = "bound"
+    parameter_name = "bound"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("yes", "Bound"), ("no", "Waiting for activation")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Device]) -> QuerySet[Device]:
+        if self.value() in ("yes", "no"):
+            return queryset.filter(owner__isnull=self.value() == "no")
+        return queryset
+
+
+@admin.register(Device)
+class DeviceAdmin(admin.ModelAdmin):
+    list_display = (
+        "mac", "name", "online", "last_seen_at", "board_type", "firmware_version", "owner", "persona", "bound",
+    )
+    list_filter = ("is_online", BoundFilter, "board_type", "firmware_version", "owner", "persona")
+    search_fields = ("mac", "name", "serial_number", "client_id")
+    list_select_related = ("owner", "persona")
+    raw_id_fields = ("owner",)
+    actions = ("revoke_tokens", "unbind")
+    readonly_fields = (
+        "client_id", "serial_number", "board_type", "board_name", "chip_model", "firmware_version",
+        "flash_size", "minimum_free_heap", "language", "user_agent", "last_ip", "last_checkin_at",
+        "bound_at", "token_generation", "is_online", "online_since", "last_seen_at", "session_id",
+        "mcp_server_info", "mcp_tools", "mcp_tools_updated_at", "created_at", "updated_at",
+    )
+    fieldsets = (
+        (None, {"fields": ("mac", "name", "owner", "persona", "bound_at", "location", "timezone")}),
+        ("Hardware and firmware", {"fields": (
+            "client_id", "serial_number", "board_type", "board_name", "chip_model", "firmware_version",
+            "flash_size", "minimum_free_heap", "language", "user_agent", "last_ip", "last_checkin_at",
+        )}),
+        ("Presence and tokens", {"fields": (
+            "is_online", "online_since", "last_seen_at", "session_id", "token_generation",
+        )}),
+        ("Device tools (MCP)", {"classes": ("collapse",), "fields": (
+            "mcp_server_info", "mcp_tools", "mcp_tools_updated_at",
+        )}),
+        ("Record", {"fields": ("created_at", "updated_at")}),
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Device]:
+        return super().get_queryset(request).defer("mcp_tools", "mcp_server_info")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Device], search_term: str
+    ) -> tuple[QuerySet[Device], bool]:
+        # Operators paste MACs as printed on labels: AA-BB-CC-DD-EE-FF.
+        return super().get_search_results(request, queryset, normalize_mac(search_term) or search_term)
+
+    @admin.display(boolean=True, ordering="is_online")
+    def online(self, device: Device) -> bool:
+        return device.is_online
+
+    @admin.display(boolean=True, ordering="owner")
+    def bound(self, device: Device) -> bool:
+        return device.is_bound
+
+    @admin.action(description="Revoke tokens (the device must reboot to get a new one)")
+    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[Device]) -> None:
+        for device in queryset:
+            device_revoke_tokens(device=device)
+        self.message_user(request, f"Revoked the tokens of {len(queryset)} device(s).", messages.SUCCESS)
+
+    @admin.action(description="Unbind (the device asks for a new activation code)")
+    def unbind(self, request: HttpRequest, queryset: QuerySet[Device]) -> None:
+        for device in queryset:
+            device_unbind(device=device)
+        self.message_user(request, f"Unbound {len(queryset)} device(s).", messages.SUCCESS)
+
+    def get_urls(self) -> list[URLPattern]:
+        bind = path("bind/", self.admin_site.admin_view(self.bind_view), name="devices_device_bind")
+        return [bind, *super().get_urls()]
+
+    def bind_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_change_permission(request):
+            return HttpResponse(status=403)
+        form = DeviceBindForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            device = self._bind(request, form)
+            if device is not None:
+                self.message_user(request, f"Bound {device} to {device.owner}.", messages.SUCCESS)
+                return HttpResponseRedirect(reverse("admin:devices_device_change", args=[device.pk]))
+        context = {**self.admin_site.each_context(request), "opts": self.opts, "form": form,
+                   "title": "Bind a device"}
+        return TemplateResponse(request, "admin/devices/device/bind.html", context)
+
+    def _bind(self, request: HttpRequest, form: DeviceBindForm) -> Device | None:
+        # Counted before the lookup, so a right guess after the limit still fails.
+        decision = rate_limit_hit(limit=code_entry_limit(), address=client_address(request) or "unknown")
+        if not decision.allowed:
+            form.add_error("code", f"Too many attempts; try again in {decision.retry_after} s.")
+            return None
+        try:
+            return device_bind(code=form.cleaned_data["code"], owner=form.cleaned_data["owner"],
+                               persona=form.cleaned_data["persona"])
+        except BindError as exc:
+            form.add_error("code", str(exc))
+            return None
+
+
+class CodeStateFilter(admin.SimpleListFilter):
+    """Defaults to the codes an operator can still enter."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("outstanding", "Outstanding"), ("used", "Used"), ("expired", "Expired"), ("all", "All")]
+
+    def value(self) -> str:
+        return super().value() or "outstanding"
+
+    def choices(self, changelist: object) -> object:
+        for lookup, title in self.lookup_choices:
+            yield {"selected": self.value() == lookup, "display": title,
+                   "query_string": changelist.get_query_string({self.parameter_name: lookup})}  # type: ignore[attr-defined]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ActivationCode]) -> QuerySet[ActivationCode]:
+        now = timezone.now()
+        if self.value() == "outstanding":
+            return queryset.filter(pk__in=activation_codes_outstanding(now=now).values("pk"))
+        if self.value() == "used":
+            return queryset.filter(used_at__isnull=False)
+        if self.value() == "expired":
+            return queryset.filter(used_at__isnull=True, expires_at__lte=now)
+        return queryset
+
+
+@admin.register(ActivationCode)
+class ActivationCodeAdmin(admin.ModelAdmin):
+    list_display = ("code", "device", "created_at", "expires_at", "used_at", "activated_at")
+    list_filter = (CodeStateFilter,)
+    list_select_related = ("device",)
+    search_fields = ("code", "device__mac")
+    readonly_fields = ("device", "code", "challenge", "created_at", "expires_at", "used_at", "activated_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # codes are issued to devices by the OTA check
+
+    def has_change_permission(self, request: HttpRequest, obj: ActivationCode | None = None) -> bool:
+        return False
+
+
+@admin.register(FirmwareRelease)
+class FirmwareReleaseAdmin(admin.ModelAdmin):
+    form = FirmwareReleaseForm
+    list_display = ("board_type", "version", "size_display", "rollout_percent", "force", "is_active",
+                    "allowlisted", "created_at")
+    list_editable = ("rollout_percent", "is_active")
+    list_filter = ("board_type", "is_active", "force")
+    search_fields = ("board_type", "version")
+    filter_horizontal = ("allowlist",)
+    readonly_fields = ("size", "sha256", "created_at")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[FirmwareRelease]:
+        return super().get_queryset(request).annotate(allowlist_size=Count("allowlist"))
+
+    @admin.display(description="size", ordering="size")
+    def size_display(self, release: FirmwareRelease) -> str:
+        return filesizeformat(release.size)
+
+    @admin.display(description="allowlist", ordering="allowlist_size")
+    def allowlisted(self, release: FirmwareRelease) -> int:
+        return release.allowlist_size  # type: ignore[attr-defined]
+
+    def save_model(self, request: HttpRequest, obj: FirmwareRelease, form: object, change: bool) -> None:
+        firmware_release_save(release=obj, binary_changed="binary" in form.changed_data)  # type: ignore[attr-defined]
+
+
+@admin.register(DeviceKey)
+class DeviceKeyAdmin(admin.ModelAdmin):
+    list_display = ("serial_number", "fingerprint", "created_at")
+    search_fields = ("serial_number",)
+    fields = ("serial_number", "fingerprint", "created_at")
+    readonly_fields = ("serial_number", "fingerprint", "created_at")
+
+    @admin.display(description="key fingerprint")
+    def fingerprint(self, key: DeviceKey) -> str:
+        # Never show the key itself: a short hash is enough to compare with the factory list.
+        return hashlib.sha256(key.key_hex.lower().encode()).hexdigest()[:12]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # keys come in by CSV upload or `manage.py import_device_keys`
+
+    def get_urls(self) -> list[URLPattern]:
+        upload = path("upload/", self.admin_site.admin_view(self.upload_view), name="devices_devicekey_upload")
+        return [upload, *super().get_urls()]
+
+    def upload_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request) or not request.user.has_perm("devices.add_devicekey"):
+            return HttpResponse(status=403)
+        form = DeviceKeyUploadForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            self._import(request, form.cleaned_data["file"])
+            return HttpResponseRedirect(reverse("admin:devices_devicekey_changelist"))
+        context = {**self.admin_site.each_context(request), "opts": self.opts, "form": form,
+                   "title": "Upload device keys"}
+        return TemplateResponse(request, "admin/devices/devicekey/upload.html", context)
+
+    def _import(self, request: HttpRequest, text: str) -> None:
+        rows, errors = device_keys_parse_csv(text=text)
+        result = device_keys_import(rows=rows)
+        self.message_user(request, f"Imported keys: {result.created} new, {result.updated} replaced.")
+        for error in [*errors, *result.errors][:20]:
+            self.message_user(request, error, messages.WARNING)

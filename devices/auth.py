@@ -1,0 +1,120 @@
+"""Who may open a device WebSocket: the decision, separate from the consumer that enforces it.
+
+The consumer calls `device_authenticate` through `database_sync_to_async` with the handshake
+headers (names in any case) and query parameters, then accepts or closes with the returned
+code. Policy comes from settings: XIAOZHI_WS_AUTH ("token" or "open"), XIAOZHI_WS_ALLOWED_MACS
+(skip the token check) and XIAOZHI_UNBOUND_POLICY ("speak_code", "refuse", "allow").
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from devices.models import Device
+from devices.selectors import device_get_by_mac
+from devices.services import activation_code_issue
+from devices.tokens import TokenStatus, token_generation_of, token_verify
+
+logger = logging.getLogger(__name__)
+
+CLOSE_AUTH_FAILED = 4001
+CLOSE_NOT_ACTIVATED = 4003
+
+_MAC = re.compile(r"([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}")
+
+
+def normalize_mac(text: str) -> str | None:
+    """`AA-BB-CC-DD-EE-FF` -> `aa:bb:cc:dd:ee:ff`; None if it is not a MAC."""
+    text = text.strip()
+    if not _MAC.fullmatch(text):
+        return None
+    return text.lower().replace("-", ":")
+
+
+@dataclass(frozen=True)
+class DeviceAuthResult:
+    ok: bool
+    close_code: int | None = None
+    reason: str = ""
+    device: Device | None = None
+    bound: bool = False
+    # Set for an unbound device under the "speak_code" policy: the session speaks it.
+    activation_code: str | None = None
+
+
+def _refuse(reason: str, code: int = CLOSE_AUTH_FAILED, device: Device | None = None) -> DeviceAuthResult:
+    logger.info("device websocket refused", extra={"reason": reason, "mac": device.mac if device else None})
+    return DeviceAuthResult(ok=False, close_code=code, reason=reason, device=device)
+
+
+def _credentials(headers: dict[str, str], query: dict[str, str]) -> tuple[str, str, str]:
+    """Device id, client id and token; browsers cannot set headers, so they use the query."""
+    lowered = {name.lower(): value for name, value in headers.items()}
+    source = lowered if "device-id" in lowered else query
+    authorization = source.get("authorization", "").strip()
+    # The firmware sends "Bearer <token>", or the raw token when it contains a space.
+    if authorization[:7].lower() == "bearer ":
+        authorization = authorization[7:].strip()
+    return source.get("device-id", ""), source.get("client-id", "").strip(), authorization
+
+
+def _token_problem(device: Device, client_id: str, token: str) -> str | None:
+    if not token:
+        return "token missing"
+    secret = settings.SECRET_KEY
+    check = token_verify(
+        token, secret=secret, client_id=client_id, device_id=device.mac,
+        generation=device.token_generation, ttl_seconds=settings.XIAOZHI_TOKEN_TTL_SECONDS, now=time.time(),
+    )
+    if check.ok:
+        return None
+    if check.status is TokenStatus.EXPIRED:
+        return "token expired"
+    if check.status is TokenStatus.BAD_SIGNATURE and token_generation_of(
+        token, secret=secret, client_id=client_id, device_id=device.mac,
+        current_generation=device.token_generation,
+    ) is not None:
+        return "device revoked"
+    return "token invalid"
+
+
+def _device_for_open_access(mac: str, client_id: str) -> Device:
+    device = device_get_by_mac(mac=mac)
+    if device is None:
+        device, _ = Device.objects.get_or_create(mac=mac, defaults={"client_id": client_id[:64]})
+    return device
+
+
+def _with_binding_policy(device: Device) -> DeviceAuthResult:
+    if device.is_bound:
+        return DeviceAuthResult(ok=True, device=device, bound=True)
+    policy = settings.XIAOZHI_UNBOUND_POLICY
+    if policy == "refuse":
+        return _refuse("device not activated", CLOSE_NOT_ACTIVATED, device)
+    code = activation_code_issue(device=device).code if policy == "speak_code" else None
+    return DeviceAuthResult(ok=True, device=device, bound=False, activation_code=code)
+
+
+def device_authenticate(*, headers: dict[str, str], query: dict[str, str]) -> DeviceAuthResult:
+    """Decide whether a WebSocket handshake belongs to a device that may talk (sync, ORM)."""
+    raw_device_id, client_id, token = _credentials(headers, query)
+    if not raw_device_id:
+        return _refuse("device id missing")
+    mac = normalize_mac(raw_device_id)
+    if mac is None:
+        return _refuse("device id invalid")
+    if settings.XIAOZHI_WS_AUTH == "open" or mac in settings.XIAOZHI_WS_ALLOWED_MACS:
+        return _with_binding_policy(_device_for_open_access(mac, client_id))
+    device = device_get_by_mac(mac=mac)
+    if device is None:
+        return _refuse("device unknown")
+    if not client_id:
+        return _refuse("client id missing", device=device)
+    problem = _token_problem(device, client_id, token)
+    if problem is not None:
+        return _refuse(problem, device=device)
+    return _with_binding_policy(device)

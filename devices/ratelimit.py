@@ -1,0 +1,81 @@
+"""Fixed-window attempt counters in Django's cache, per client address and global.
+
+Fixed windows (not sliding) because `cache.add` + `cache.incr` are atomic on every shared
+backend (Redis, memcached) and cost one round trip each; a burst at a window edge can reach
+twice the limit, which is fine for the purpose (making a 10^6 code space slow to guess).
+The cache must be shared by every web process (settings: Redis when REDIS_URL is set).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core.cache import cache
+
+logger = logging.getLogger(__name__)
+
+# The firmware polls /activate every 3 s for up to 10 attempts, then re-checks OTA, so one
+# device makes about 20 calls a minute; this leaves room for a few devices behind one NAT.
+ACTIVATE_POLLS_PER_ADDRESS = 120
+ACTIVATE_POLL_WINDOW_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    scope: str
+    per_address: int
+    global_limit: int | None
+    window_seconds: int
+
+
+@dataclass(frozen=True)
+class RateDecision:
+    allowed: bool
+    retry_after: int = 0
+
+
+def code_entry_limit() -> RateLimit:
+    """Activation-code guesses (the admin bind form), from settings."""
+    return RateLimit(
+        scope="bind",
+        per_address=settings.XIAOZHI_ACTIVATION_RATE_PER_IP,
+        global_limit=settings.XIAOZHI_ACTIVATION_RATE_GLOBAL,
+        window_seconds=settings.XIAOZHI_ACTIVATION_RATE_WINDOW_SECONDS,
+    )
+
+
+def activate_poll_limit() -> RateLimit:
+    return RateLimit(
+        scope="activate",
+        per_address=ACTIVATE_POLLS_PER_ADDRESS,
+        global_limit=None,
+        window_seconds=ACTIVATE_POLL_WINDOW_SECONDS,
+    )
+
+
+def _count(key: str, window_seconds: int) -> int:
+    # add() is a no-op when the key exists; the timeout outlives the window so incr() never
+    # races an expiry inside it.
+    cache.add(key, 0, timeout=window_seconds * 2)
+    try:
+        return cache.incr(key)
+    except ValueError:  # evicted between add() and incr()
+        cache.add(key, 1, timeout=window_seconds * 2)
+        return 1
+
+
+def rate_limit_hit(*, limit: RateLimit, address: str, now: float | None = None) -> RateDecision:
+    """Count one attempt from `address`; say whether it may go ahead."""
+    now = time.time() if now is None else now
+    window = int(now // limit.window_seconds)
+    retry_after = int((window + 1) * limit.window_seconds - now) + 1
+    if _count(f"rl:{limit.scope}:ip:{address}:{window}", limit.window_seconds) > limit.per_address:
+        logger.warning("rate limit reached for an address", extra={"scope": limit.scope, "address": address})
+        return RateDecision(False, retry_after)
+    if limit.global_limit is not None:
+        if _count(f"rl:{limit.scope}:all:{window}", limit.window_seconds) > limit.global_limit:
+            logger.warning("global rate limit reached", extra={"scope": limit.scope})
+            return RateDecision(False, retry_after)
+    return RateDecision(True)

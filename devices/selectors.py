@@ -1,0 +1,81 @@
+"""Read-only queries for provisioning: devices, codes, keys and the firmware a device gets."""
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+
+from django.db.models import Count, QuerySet
+from django.utils import timezone
+
+from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease
+from devices.versions import is_newer, parse_version, version_key
+
+
+def device_get_by_mac(*, mac: str) -> Device | None:
+    return Device.objects.select_related("owner", "persona").filter(mac=mac).first()
+
+
+def device_key_for_serial(*, serial_number: str) -> DeviceKey | None:
+    if not serial_number:
+        return None
+    return DeviceKey.objects.filter(serial_number=serial_number).first()
+
+
+def activation_codes_outstanding(*, now: datetime | None = None) -> QuerySet[ActivationCode]:
+    """Codes an operator could still enter: not used, not expired."""
+    now = now or timezone.now()
+    return ActivationCode.objects.filter(used_at__isnull=True, expires_at__gt=now)
+
+
+def activation_code_current(*, device: Device, now: datetime | None = None) -> ActivationCode | None:
+    return activation_codes_outstanding(now=now).filter(device=device).order_by("-created_at").first()
+
+
+def rollout_bucket(*, release_pk: int, mac: str) -> int:
+    """A device's stable place (0-99) in one release's rollout.
+
+    Hashing the release id with the MAC keeps each device on the same side of a release as
+    its percentage grows (10% -> 20% only adds devices), while different releases pick
+    independent samples, so the same unlucky tenth does not beta-test every release.
+    """
+    digest = hashlib.sha256(f"{release_pk}:{mac}".encode()).hexdigest()
+    return int(digest, 16) % 100
+
+
+def _is_eligible(release: FirmwareRelease, device: Device) -> bool:
+    # An allowlist replaces the percentage: only listed devices, all of them.
+    if release.allowlist_size:  # type: ignore[attr-defined]  # annotated below
+        return release.allowlist.filter(pk=device.pk).exists()
+    return rollout_bucket(release_pk=release.pk, mac=device.mac) < release.rollout_percent
+
+
+def firmware_releases_eligible(*, device: Device) -> list[FirmwareRelease]:
+    """Active releases for the device's board that its rollout includes, newest first."""
+    if not device.board_type:
+        return []
+    releases = (
+        FirmwareRelease.objects.filter(board_type=device.board_type, is_active=True)
+        .annotate(allowlist_size=Count("allowlist"))
+    )
+    eligible = [release for release in releases if _is_eligible(release, device)]
+    return sorted(eligible, key=lambda release: version_key(release.version), reverse=True)
+
+
+def firmware_release_for(*, device: Device) -> FirmwareRelease | None:
+    """The release to offer, or None to echo the device's own version ("no update").
+
+    The newest eligible release is offered when it is newer than what the device runs. A
+    forced release is offered whenever it differs from the running version (that is how an
+    operator rolls back); never when equal, since the device would download it on every boot
+    only to discard it ("version is the same").
+    """
+    eligible = firmware_releases_eligible(device=device)
+    if not eligible:
+        return None
+    newest = eligible[0]
+    if is_newer(newest.version, device.firmware_version):
+        return newest
+    running = device.firmware_version
+    if newest.force and newest.version != running and parse_version(running) is not None:
+        return newest
+    return None

@@ -1,0 +1,177 @@
+"""The camera's "explain" endpoint (protocol-reference §5.6): a photo in, a text answer out.
+
+During `self.camera.take_photo` the device POSTs `question` + `file` (JPEG) as chunked
+multipart to the URL it got in MCP `initialize`, with the token from the same place. The
+whole 200 body becomes the tool's text result, so the answer is returned as plain text;
+any non-200 makes the device report "Failed to upload photo".
+
+Vision tokens are signed with a key derived from SECRET_KEY, not SECRET_KEY itself: a
+leaked vision token (it is stored on the camera) can never open a device WebSocket, even
+with a forged `Client-Id`.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import io
+import logging
+import time
+
+import openai
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParser, MultiPartParserError
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from devices.auth import normalize_mac
+from devices.models import Device
+from devices.tokens import token_sign, token_verify
+
+logger = logging.getLogger(__name__)
+
+VISION_CLIENT_ID = "vision"
+VISION_TOKEN_TTL_SECONDS = 3600  # re-issued at every session's MCP initialize
+MULTIPART_SLACK_BYTES = 64 * 1024  # the question part and multipart framing around the JPEG
+DEFAULT_QUESTION = "Describe this picture briefly."
+VISION_TIMEOUT_SECONDS = 30.0
+
+
+class VisionError(Exception):
+    """The vision model could not answer (network, HTTP error, empty answer)."""
+
+
+# -- tokens -------------------------------------------------------------------------------
+
+
+def _vision_secret() -> str:
+    return hmac.new(settings.SECRET_KEY.encode(), b"xiaozhi vision token", hashlib.sha256).hexdigest()
+
+
+def vision_token_issue(*, device: Device, now: float | None = None) -> str:
+    return token_sign(
+        secret=_vision_secret(), client_id=VISION_CLIENT_ID, device_id=device.mac,
+        issued_at=int(time.time() if now is None else now), generation=device.token_generation,
+    )
+
+
+def vision_token_valid(*, token: str, device: Device, now: float | None = None) -> bool:
+    check = token_verify(
+        token, secret=_vision_secret(), client_id=VISION_CLIENT_ID, device_id=device.mac,
+        generation=device.token_generation, ttl_seconds=VISION_TOKEN_TTL_SECONDS,
+        now=time.time() if now is None else now,
+    )
+    return check.ok
+
+
+def _bearer(request: HttpRequest) -> str:
+    value = request.headers.get("Authorization", "").strip()
+    return value[7:].strip() if value[:7].lower() == "bearer " else value
+
+
+def vision_request_authorized(request: HttpRequest) -> bool:
+    """The token must be a vision token for the device named in `Device-Id` (sync, ORM)."""
+    mac = normalize_mac(request.headers.get("Device-Id", ""))
+    token = _bearer(request)
+    if mac is None or not token:
+        return False
+    device = Device.objects.filter(mac=mac).first()
+    return device is not None and vision_token_valid(token=token, device=device)
+
+
+# -- upload parsing -----------------------------------------------------------------------
+
+
+def _max_upload_bytes() -> int:
+    return settings.XIAOZHI_VISION_MAX_BYTES + MULTIPART_SLACK_BYTES
+
+
+def _declared_too_large(request: HttpRequest) -> bool:
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return False
+    return declared > _max_upload_bytes()
+
+
+def read_upload(request: HttpRequest) -> tuple[str, bytes] | HttpResponse:
+    """(question, jpeg) from the multipart body, or the error response to send.
+
+    Parsed by hand from the raw body because the firmware sends it chunked: without a
+    Content-Length Django's request.POST/FILES would simply be empty.
+    """
+    body = request.read(_max_upload_bytes() + 1)
+    if len(body) > _max_upload_bytes():
+        return _too_large()
+    meta = {**request.META, "CONTENT_LENGTH": str(len(body))}
+    try:
+        fields, files = MultiPartParser(meta, io.BytesIO(body), request.upload_handlers,
+                                        request.encoding).parse()
+    except MultiPartParserError:
+        return JsonResponse({"success": False, "message": "body is not multipart/form-data"}, status=400)
+    upload = files.get("file")
+    if upload is None or "question" not in fields:
+        return JsonResponse({"success": False, "message": "question and file are required"}, status=400)
+    if upload.size > settings.XIAOZHI_VISION_MAX_BYTES:
+        return _too_large()
+    jpeg = upload.read()
+    if not jpeg.startswith(b"\xff\xd8"):
+        return JsonResponse({"success": False, "message": "file must be a JPEG"}, status=400)
+    return fields.get("question", "").strip() or DEFAULT_QUESTION, jpeg
+
+
+def _too_large() -> JsonResponse:
+    limit_mb = settings.XIAOZHI_VISION_MAX_BYTES / (1024 * 1024)
+    return JsonResponse({"success": False, "message": f"image larger than {limit_mb:g} MB"}, status=413)
+
+
+# -- the model ----------------------------------------------------------------------------
+
+
+async def vision_explain_image(*, question: str, jpeg: bytes) -> str:
+    """Ask the configured OpenAI-compatible vision model; VisionError on any failure."""
+    client = openai.AsyncOpenAI(
+        base_url=settings.XIAOZHI_VISION_BASE_URL or settings.LLM_BASE_URL,
+        api_key=settings.XIAOZHI_VISION_API_KEY or settings.LLM_API_KEY,
+        timeout=VISION_TIMEOUT_SECONDS, max_retries=0,
+    )
+    image_url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
+    content = [{"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": image_url}}]
+    try:
+        response = await client.chat.completions.create(
+            model=settings.XIAOZHI_VISION_MODEL, stream=False,
+            messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
+        )
+    except openai.OpenAIError as exc:
+        raise VisionError(type(exc).__name__) from exc
+    finally:
+        await client.close()
+    answer = (response.choices[0].message.content or "").strip() if response.choices else ""
+    if not answer:
+        raise VisionError("empty answer")
+    return answer
+
+
+# -- the view -----------------------------------------------------------------------------
+
+
+@csrf_exempt
+@require_POST
+async def vision_explain(request: HttpRequest) -> HttpResponse:
+    if _declared_too_large(request):
+        return _too_large()
+    if not await sync_to_async(vision_request_authorized)(request):
+        return JsonResponse({"success": False, "message": "invalid vision token"}, status=401)
+    # Reading and parsing up to 5 MB is blocking file work: keep it off the event loop.
+    upload = await sync_to_async(read_upload, thread_sensitive=False)(request)
+    if isinstance(upload, HttpResponse):
+        return upload
+    question, jpeg = upload
+    try:
+        answer = await vision_explain_image(question=question, jpeg=jpeg)
+    except VisionError as exc:
+        logger.warning("vision model failed", extra={"error": str(exc)})
+        return JsonResponse({"success": False, "message": "the vision model is unavailable"}, status=502)
+    return HttpResponse(answer, content_type="text/plain; charset=utf-8")
