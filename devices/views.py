@@ -199,8 +199,14 @@ def json_body(spec: type[BaseModel]) -> Callable[[View], View]:
 
 
 def client_address(request: HttpRequest) -> str | None:
-    # REMOTE_ADDR only: X-Forwarded-For is client-controlled unless a trusted proxy rewrites it.
+    # X-Forwarded-For is client-controlled: only the entries appended by our own proxies
+    # (XIAOZHI_TRUSTED_PROXY_COUNT of them, counted from the right) can be believed.
     address = request.META.get("REMOTE_ADDR", "")
+    proxies = settings.XIAOZHI_TRUSTED_PROXY_COUNT
+    if proxies:
+        forwarded = [part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if part.strip()]
+        if len(forwarded) >= proxies:
+            address = forwarded[-proxies]
     try:
         return str(ipaddress.ip_address(address))
     except ValueError:

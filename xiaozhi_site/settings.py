@@ -205,6 +205,9 @@ XIAOZHI_TOKEN_TTL_SECONDS = envint("XIAOZHI_TOKEN_TTL_SECONDS", 30 * 24 * 3600, 
 XIAOZHI_ACTIVATION_CODE_TTL_SECONDS = envint(
     "XIAOZHI_ACTIVATION_CODE_TTL_SECONDS", 24 * 3600, minimum=60
 )
+# Reverse proxies in front of the server that append to X-Forwarded-For (0: use the socket
+# address). Client addresses feed rate limits and Device.last_ip.
+XIAOZHI_TRUSTED_PROXY_COUNT = envint("XIAOZHI_TRUSTED_PROXY_COUNT", 0, minimum=0, maximum=5)
 XIAOZHI_ACTIVATION_RATE_PER_IP = envint("XIAOZHI_ACTIVATION_RATE_PER_IP", 10, minimum=1)
 XIAOZHI_ACTIVATION_RATE_GLOBAL = envint("XIAOZHI_ACTIVATION_RATE_GLOBAL", 100, minimum=1)
 XIAOZHI_ACTIVATION_RATE_WINDOW_SECONDS = envint(

@@ -247,3 +247,15 @@ def test_a_huge_body_is_refused(client: Client) -> None:
     body = {**ota_body(mac=MAC, client_id=CLIENT), "padding": "x" * (70 * 1024)}
     assert_error(post_ota(client, body), 413, "body_too_large")
     assert not Device.objects.exists()
+
+
+def test_client_address_trusts_only_the_configured_number_of_proxies(rf, settings) -> None:  # noqa: ANN001
+    from devices.views import client_address
+
+    request = rf.post("/xiaozhi/ota/", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="6.6.6.6, 203.0.113.7")
+    settings.XIAOZHI_TRUSTED_PROXY_COUNT = 0
+    assert client_address(request) == "10.0.0.1"
+    settings.XIAOZHI_TRUSTED_PROXY_COUNT = 1
+    assert client_address(request) == "203.0.113.7"
+    settings.XIAOZHI_TRUSTED_PROXY_COUNT = 3  # fewer entries than proxies: the header is not ours
+    assert client_address(request) == "10.0.0.1"
