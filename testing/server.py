@@ -15,6 +15,16 @@ from typing import Any
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
+def _die_with_parent() -> None:
+    # Linux: SIGTERM the server if the test process dies (killed by a timeout, Ctrl-C), so a
+    # crashed run never leaves servers behind.
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -60,6 +70,7 @@ class AsgiServer:
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
              "xiaozhi_site.asgi:application"],
             cwd=BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         self._wait_ready(timeout)
         return self
