@@ -18,7 +18,6 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from conversations.gateway import protocol
-from conversations.gateway.close_codes import allow_registered_close_codes
 from conversations.gateway.protocol import ErrorCode
 from conversations.gateway.history import HistoryWriter, PendingTurn
 from conversations.gateway.services import gateway_characters, gateway_conversations_end, gateway_history_save
@@ -33,9 +32,6 @@ log = logging.getLogger(__name__)
 CLOSE_TRY_AGAIN_LATER = 1013  # seed §11.1: the server is full
 CLOSE_INTERNAL_ERROR = 1011
 _LLM_TIMEOUT_MARGIN = 5.0  # the session's own LLM deadline must fire first (→ TIMEOUT)
-
-# Without it daphne cannot send 1013, 1009 or 1001 (see close_codes.py).
-allow_registered_close_codes()
 
 
 def gateway_config(characters: list[dict[str, str]]) -> GatewayConfig:
@@ -147,7 +143,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         await self.accept()
         if not PROCESS.admit():
             log.warning("gateway connection refused, limit reached", extra={"limit": settings.CLOUD_MAX_CONNECTIONS})
-            await self.close(code=CLOSE_TRY_AGAIN_LATER)
+            await self.close(code=CLOSE_TRY_AGAIN_LATER, reason="too many connections")
             return
         self.admitted = True
         try:
@@ -159,7 +155,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         except Exception:
             log.exception("gateway session failed to start")
             await self.send(text_data=protocol.encode(protocol.error(ErrorCode.INTERNAL_ERROR, "Internal error")))
-            await self.close(code=CLOSE_INTERNAL_ERROR)
+            await self.close(code=CLOSE_INTERNAL_ERROR, reason="internal error")
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels runs close_old_connections() on the single DB thread before every handler.
