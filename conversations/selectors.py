@@ -1,0 +1,157 @@
+"""Read-side queries of the conversations app: what a device session is configured with.
+
+`session_config_for` turns settings, the Device and its Persona into the plain
+`SessionConfig` the pipeline runs on, so nothing under conversations/pipeline/ touches the
+ORM or django.conf. Called once per connection, inside the consumer's single
+`database_sync_to_async` hop, before the socket is accepted.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+
+from conversations.models import Persona
+from conversations.pipeline.config import DeviceInfo, PersonaConfig, SessionConfig
+from devices.auth import DeviceAuthResult
+from devices.models import Device
+from devices.vision import vision_token_issue
+
+DEFAULT_PERSONA_NAME = "Xiaozhi"
+VISION_PATH = "/mcp/vision/explain"
+MAX_CHARACTERS = 20  # other personas offered to the role-play tool
+
+
+def persona_default() -> Persona:
+    """The persona flagged default; created on first use so a fresh install just works."""
+    persona = Persona.objects.filter(is_default=True).order_by("pk").first()
+    if persona is None:
+        persona, _ = Persona.objects.get_or_create(name=DEFAULT_PERSONA_NAME, defaults={"is_default": True})
+    return persona
+
+
+def persona_for_device(device: Device | None) -> Persona:
+    if device is not None and device.persona_id is not None:
+        persona = Persona.objects.filter(pk=device.persona_id).first()
+        if persona is not None:
+            return persona
+    return persona_default()
+
+
+def persona_config(persona: Persona) -> PersonaConfig:
+    characters = Persona.objects.exclude(pk=persona.pk).values("name", "description")[:MAX_CHARACTERS]
+    return PersonaConfig(
+        name=persona.name, system_prompt=persona.system_prompt, language=persona.language,
+        voice=persona.voice, asr=_strings(persona.asr_providers), llm=_strings(persona.llm_providers),
+        tts=_strings(persona.tts_providers), llm_model=persona.llm_model,
+        temperature=persona.temperature, max_tokens=persona.max_tokens,
+        context_turns=persona.context_turns, vad_threshold=persona.vad_threshold,
+        vad_threshold_low=persona.vad_threshold_low, vad_min_silence_ms=persona.vad_min_silence_ms,
+        greeting=persona.greeting, exit_phrases=_strings(persona.exit_phrases),
+        farewell=persona.farewell,
+        # Empty or null means "all built-in tools" (the admin's help text says so).
+        server_tools=_strings(persona.server_tools) or None,
+        mcp_servers=tuple(persona.mcp_servers.filter(enabled=True).values_list("name", flat=True)),
+        device_tools_enabled=persona.device_tools_enabled,
+        device_tool_exclusions=_strings(persona.device_tool_exclusions),
+        characters=tuple({"name": c["name"], "description": c["description"]} for c in characters),
+    )
+
+
+def provider_settings() -> dict[str, dict[str, Any]]:
+    """Constructor options per provider, keyed "<stage>.<kind>" (kinds repeat across stages).
+
+    OpenAI-compatible ASR/TTS appear only when their base URL is set: without one they
+    cannot work, and leaving them out makes the fallback chain skip them with a log line.
+    """
+    options: dict[str, dict[str, Any]] = {
+        "llm.openai": {"base_url": settings.LLM_BASE_URL, "api_key": settings.LLM_API_KEY,
+                       "timeout": settings.LLM_TIMEOUT},
+        "asr.faster_whisper": {"model": settings.ASR_WHISPER_MODEL,
+                               "compute_type": settings.ASR_WHISPER_COMPUTE_TYPE,
+                               "threads": settings.ASR_WHISPER_THREADS,
+                               "max_concurrency": settings.ASR_MAX_CONCURRENCY,
+                               "timeout": settings.ASR_TIMEOUT},
+        "tts.edge": {"connect_timeout": settings.TTS_EDGE_CONNECT_TIMEOUT, "timeout": settings.TTS_TIMEOUT},
+        "tts.espeak": {"binary": settings.ESPEAK_BINARY, "timeout": settings.TTS_TIMEOUT},
+    }
+    if settings.ASR_OPENAI_BASE_URL:
+        options["asr.openai"] = {"base_url": settings.ASR_OPENAI_BASE_URL, "api_key": settings.ASR_OPENAI_API_KEY,
+                                 "model": settings.ASR_OPENAI_MODEL, "timeout": settings.ASR_TIMEOUT}
+    if settings.TTS_OPENAI_BASE_URL:
+        options["tts.openai"] = {"base_url": settings.TTS_OPENAI_BASE_URL, "api_key": settings.TTS_OPENAI_API_KEY,
+                                 "model": settings.TTS_OPENAI_MODEL, "timeout": settings.TTS_TIMEOUT}
+    return options
+
+
+def device_info(device: Device, auth: DeviceAuthResult) -> DeviceInfo:
+    return DeviceInfo(
+        id=device.pk, mac=device.mac, name=device.name, location=device.location,
+        timezone=device.timezone or settings.TIME_ZONE, bound=auth.bound,
+        activation_code=auth.activation_code,
+    )
+
+
+def session_config_for(
+    device: Device, auth: DeviceAuthResult, *, persona: Persona | None = None, request_base_url: str = "",
+) -> SessionConfig:
+    """Everything one device session needs, read once at connect."""
+    persona = persona or persona_for_device(device)
+    base_url = (settings.XIAOZHI_PUBLIC_BASE_URL or request_base_url).rstrip("/")
+    return SessionConfig(
+        session_id=str(uuid.uuid4()),
+        device=device_info(device, auth),
+        persona=persona_config(persona),
+        providers=provider_settings(),
+        llm_model=settings.LLM_MODEL,
+        downlink_sample_rate=int(settings.XIAOZHI_DOWNLINK_SAMPLE_RATE),
+        hello_timeout=settings.XIAOZHI_HELLO_TIMEOUT_SECONDS,
+        idle_timeout=settings.XIAOZHI_IDLE_TIMEOUT_SECONDS,
+        hard_timeout=settings.XIAOZHI_HARD_TIMEOUT_SECONDS,
+        max_text_bytes=settings.XIAOZHI_MAX_TEXT_BYTES,
+        max_binary_bytes=settings.XIAOZHI_MAX_BINARY_BYTES,
+        max_messages_per_second=settings.XIAOZHI_MAX_MESSAGES_PER_SECOND,
+        device_tool_timeout=settings.TOOLS_DEVICE_TIMEOUT,
+        server_tool_timeout=settings.TOOLS_SERVER_TIMEOUT,
+        vision_url=f"{base_url}{VISION_PATH}" if base_url else "",
+        vision_token=vision_token_issue(device=device),
+        unbound_policy=settings.XIAOZHI_UNBOUND_POLICY,
+        weather_base_url=settings.WEATHER_BASE_URL,
+        geocoding_url=settings.WEATHER_GEOCODING_URL,
+    )
+
+
+def request_base_url(scope: dict[str, Any]) -> str:
+    """http(s)://host[:port] the device reached us at, from a WebSocket scope.
+
+    The firmware's Host header has no port (protocol-reference §2.1), so the listening port
+    is added from the scope unless it is the scheme's default. Behind a reverse proxy set
+    XIAOZHI_PUBLIC_BASE_URL instead: the proxy's port is not visible here.
+    """
+    secure = scope.get("scheme") in ("wss", "https")
+    host = header_value(scope, b"host")
+    server = scope.get("server") or (None, None)
+    port = server[1] if isinstance(server, (list, tuple)) and len(server) == 2 else None
+    if not host and server[0]:
+        host = str(server[0])
+    if not host:
+        return ""
+    has_port = host.rsplit("]", 1)[-1].count(":") == 1
+    if not has_port and port and port != (443 if secure else 80):
+        host = f"{host}:{port}"
+    return f"{'https' if secure else 'http'}://{host}"
+
+
+def header_value(scope: dict[str, Any], name: bytes) -> str:
+    for key, value in scope.get("headers") or ():
+        if key.lower() == name:
+            return value.decode("latin-1").strip()
+    return ""
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    if not isinstance(value, Iterable) or isinstance(value, (str, bytes)):
+        return ()
+    return tuple(str(item) for item in value if isinstance(item, str) and item)

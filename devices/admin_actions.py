@@ -1,0 +1,193 @@
+"""Admin actions that talk to connected devices, and the device tool list display.
+
+Plain functions with the admin-action signature, wired into DeviceAdmin by its owner:
+
+    actions = (..., reboot_devices, alert_devices, say_on_devices, call_device_tool)
+    readonly_fields = (..., "device_tools")
+    @admin.display(description="Device tools")
+    def device_tools(self, obj): return device_tools_html(obj)
+
+Each action only calls a service in devices/commands.py. Alert, say and tool calls first
+show a small form (the standard intermediate-page pattern), then act on submit.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template import engines
+from django.template.response import TemplateResponse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from devices.commands import (
+    DeviceCommandError,
+    device_alert,
+    device_mcp_call,
+    device_reboot,
+    device_say,
+)
+from devices.models import Device
+from devices.protocol.messages import EMOTIONS
+
+ADMIN_TOOL_TIMEOUT = 10.0  # an admin page should not hang for the full 30 s default
+RESULT_PREVIEW_CHARS = 500
+
+_FORM_PAGE_SOURCE = """{% extends "admin/base_site.html" %}
+{% block content %}
+<form method="post">{% csrf_token %}
+<p>{{ intro }}</p>
+<ul>{% for device in devices %}
+<li>{{ device }} ({{ device.mac }}){% if not device.is_online %} — offline{% endif %}</li>
+{% endfor %}</ul>
+{{ form.as_p }}
+{% for device in devices %}<input type="hidden" name="{{ checkbox }}" value="{{ device.pk }}">{% endfor %}
+<input type="hidden" name="action" value="{{ action }}">
+<input type="hidden" name="apply" value="1">
+<input type="submit" value="{{ submit }}">
+</form>
+{% endblock %}"""
+
+
+@functools.cache
+def _form_template() -> Any:
+    # Built on first use: template engines are configured only once Django is set up.
+    return engines["django"].from_string(_FORM_PAGE_SOURCE)
+
+
+class AlertForm(forms.Form):
+    message = forms.CharField(max_length=200)
+    status = forms.CharField(max_length=50, initial="Notice")
+    emotion = forms.ChoiceField(choices=[(e, e) for e in EMOTIONS], initial="neutral")
+
+
+class SayForm(forms.Form):
+    text = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 3}))
+
+
+class McpCallForm(forms.Form):
+    tool = forms.CharField(max_length=200, help_text="e.g. self.get_device_status")
+    arguments = forms.CharField(required=False, initial="{}", widget=forms.Textarea(attrs={"rows": 3}),
+                                help_text="A JSON object.")
+    timeout = forms.FloatField(min_value=0.5, max_value=60, initial=ADMIN_TOOL_TIMEOUT)
+
+    def clean_arguments(self) -> dict[str, Any]:
+        text = self.cleaned_data.get("arguments") or "{}"
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError("Arguments must be a JSON object.")
+        return value
+
+
+def _form_page(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device],
+               form: forms.Form, *, action: str, intro: str, submit: str) -> TemplateResponse:
+    context = {
+        **modeladmin.admin_site.each_context(request), "title": intro, "intro": intro, "form": form,
+        "devices": list(queryset), "action": action, "submit": submit, "checkbox": ACTION_CHECKBOX_NAME,
+    }
+    return TemplateResponse(request, _form_template(), context)
+
+
+def _bound_form(form_class: type[forms.Form], request: HttpRequest) -> forms.Form:
+    return form_class(request.POST if "apply" in request.POST else None)
+
+
+def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, what: str, sent: int, total: int) -> None:
+    level = messages.SUCCESS if sent == total else messages.WARNING
+    offline = f" ({total - sent} offline)" if sent < total else ""
+    modeladmin.message_user(request, f"{what} sent to {sent} of {total} device(s){offline}.", level)
+
+
+@admin.action(description="Reboot selected devices")
+def reboot_devices(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device]) -> None:
+    devices = list(queryset)
+    sent = sum(device_reboot(device=device) for device in devices)
+    _report(modeladmin, request, "Reboot", sent, len(devices))
+
+
+@admin.action(description="Show an alert on selected devices")
+def alert_devices(modeladmin: admin.ModelAdmin, request: HttpRequest,
+                  queryset: QuerySet[Device]) -> TemplateResponse | None:
+    form = _bound_form(AlertForm, request)
+    if not form.is_bound or not form.is_valid():
+        return _form_page(modeladmin, request, queryset, form, action="alert_devices",
+                          intro="Show an alert on these devices", submit="Send alert")
+    devices = list(queryset)
+    sent = sum(device_alert(device=device, **form.cleaned_data) for device in devices)
+    _report(modeladmin, request, "Alert", sent, len(devices))
+    return None
+
+
+@admin.action(description="Say a text on selected devices")
+def say_on_devices(modeladmin: admin.ModelAdmin, request: HttpRequest,
+                   queryset: QuerySet[Device]) -> TemplateResponse | None:
+    form = _bound_form(SayForm, request)
+    if not form.is_bound or not form.is_valid():
+        return _form_page(modeladmin, request, queryset, form, action="say_on_devices",
+                          intro="Speak a text on these devices", submit="Say it")
+    devices = list(queryset)
+    sent = sum(device_say(device=device, text=form.cleaned_data["text"]) for device in devices)
+    _report(modeladmin, request, "Text", sent, len(devices))
+    return None
+
+
+@admin.action(description="Call a device tool (MCP) on selected devices")
+def call_device_tool(modeladmin: admin.ModelAdmin, request: HttpRequest,
+                     queryset: QuerySet[Device]) -> TemplateResponse | None:
+    form = _bound_form(McpCallForm, request)
+    if not form.is_bound or not form.is_valid():
+        return _form_page(modeladmin, request, queryset, form, action="call_device_tool",
+                          intro="Call a device tool", submit="Call tool")
+    for device in queryset:
+        _call_one(modeladmin, request, device, form.cleaned_data)
+    return None
+
+
+def _call_one(modeladmin: admin.ModelAdmin, request: HttpRequest, device: Device, data: dict[str, Any]) -> None:
+    try:
+        result = device_mcp_call(device=device, name=data["tool"], arguments=data["arguments"],
+                                 timeout=data["timeout"])
+    except DeviceCommandError as exc:
+        modeladmin.message_user(request, f"{device.mac}: {data['tool']} failed: {exc}", messages.ERROR)
+        return
+    preview = result if len(result) <= RESULT_PREVIEW_CHARS else result[:RESULT_PREVIEW_CHARS] + "…"
+    modeladmin.message_user(request, f"{device.mac}: {data['tool']} → {preview}", messages.SUCCESS)
+
+
+def device_tools_html(device: Device) -> SafeString:
+    """The stored device tool list as a table; user-only tools (never offered to the LLM) marked."""
+    tools = device.mcp_tools if isinstance(device.mcp_tools, list) else []
+    if not tools:
+        return format_html("<em>{}</em>", "No tools listed yet (the device lists them when it connects).")
+    rows = format_html_join("", "<tr><td><code>{}</code>{}</td><td>{}</td><td><code>{}</code></td></tr>", (
+        (tool.get("name", ""), _user_only_badge(tool), tool.get("description", ""), _parameters(tool))
+        for tool in tools if isinstance(tool, dict)
+    ))
+    return format_html(
+        '<table><thead><tr><th>Tool</th><th>Description</th><th>Parameters</th></tr></thead>'
+        "<tbody>{}</tbody></table>", rows,
+    )
+
+
+def _user_only_badge(tool: dict[str, Any]) -> SafeString:
+    if tool.get("user_only"):
+        return format_html(' <strong title="{}">[user only]</strong>', "Not offered to the LLM")
+    return SafeString("")
+
+
+def _parameters(tool: dict[str, Any]) -> str:
+    schema = tool.get("parameters")
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict) or not properties:
+        return "—"
+    return ", ".join(f"{name}: {spec.get('type', '?') if isinstance(spec, dict) else '?'}"
+                     for name, spec in properties.items())
