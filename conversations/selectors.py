@@ -18,6 +18,7 @@ from conversations.pipeline.config import DeviceInfo, PersonaConfig, SessionConf
 from devices.auth import DeviceAuthResult
 from devices.models import Device
 from devices.vision import vision_token_issue
+from tools.selectors import mcp_tool_sources
 
 DEFAULT_PERSONA_NAME = "Xiaozhi"
 VISION_PATH = "/mcp/vision/explain"
@@ -99,11 +100,12 @@ def session_config_for(
 ) -> SessionConfig:
     """Everything one device session needs, read once at connect."""
     persona = persona or persona_for_device(device)
+    persona_cfg = persona_config(persona)
     base_url = (settings.XIAOZHI_PUBLIC_BASE_URL or request_base_url).rstrip("/")
     return SessionConfig(
         session_id=str(uuid.uuid4()),
         device=device_info(device, auth),
-        persona=persona_config(persona),
+        persona=persona_cfg,
         providers=provider_settings(),
         llm_model=settings.LLM_MODEL,
         downlink_sample_rate=int(settings.XIAOZHI_DOWNLINK_SAMPLE_RATE),
@@ -120,6 +122,7 @@ def session_config_for(
         unbound_policy=settings.XIAOZHI_UNBOUND_POLICY,
         weather_base_url=settings.WEATHER_BASE_URL,
         geocoding_url=settings.WEATHER_GEOCODING_URL,
+        tool_sources=tuple(mcp_tool_sources(server_names=persona_cfg.mcp_servers)),
     )
 
 

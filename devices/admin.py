@@ -14,6 +14,13 @@ from django.template.defaultfilters import filesizeformat
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
+from devices.admin_actions import (
+    alert_devices,
+    call_device_tool,
+    device_tools_html,
+    reboot_devices,
+    say_on_devices,
+)
 from devices.auth import normalize_mac
 from devices.forms import DeviceBindForm, DeviceKeyUploadForm, FirmwareReleaseForm
 from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease
@@ -53,12 +60,12 @@ class DeviceAdmin(admin.ModelAdmin):
     search_fields = ("mac", "name", "serial_number", "client_id")
     list_select_related = ("owner", "persona")
     raw_id_fields = ("owner",)
-    actions = ("revoke_tokens", "unbind")
+    actions = ("revoke_tokens", "unbind", reboot_devices, alert_devices, say_on_devices, call_device_tool)
     readonly_fields = (
         "client_id", "serial_number", "board_type", "board_name", "chip_model", "firmware_version",
         "flash_size", "minimum_free_heap", "language", "user_agent", "last_ip", "last_checkin_at",
         "bound_at", "token_generation", "is_online", "online_since", "last_seen_at", "session_id",
-        "mcp_server_info", "mcp_tools", "mcp_tools_updated_at", "created_at", "updated_at",
+        "mcp_server_info", "device_tools", "mcp_tools_updated_at", "created_at", "updated_at",
     )
     fieldsets = (
         (None, {"fields": ("mac", "name", "owner", "persona", "bound_at", "location", "timezone")}),
@@ -70,7 +77,7 @@ class DeviceAdmin(admin.ModelAdmin):
             "is_online", "online_since", "last_seen_at", "session_id", "token_generation",
         )}),
         ("Device tools (MCP)", {"classes": ("collapse",), "fields": (
-            "mcp_server_info", "mcp_tools", "mcp_tools_updated_at",
+            "mcp_server_info", "device_tools", "mcp_tools_updated_at",
         )}),
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
@@ -83,6 +90,10 @@ class DeviceAdmin(admin.ModelAdmin):
     ) -> tuple[QuerySet[Device], bool]:
         # Operators paste MACs as printed on labels: AA-BB-CC-DD-EE-FF.
         return super().get_search_results(request, queryset, normalize_mac(search_term) or search_term)
+
+    @admin.display(description="Tools the device offers (user-only tools are never shown to the LLM)")
+    def device_tools(self, device: Device) -> str:
+        return device_tools_html(device)
 
     @admin.display(boolean=True, ordering="is_online")
     def online(self, device: Device) -> bool:

@@ -1,11 +1,7 @@
 """Admin actions that talk to connected devices, and the device tool list display.
 
-Plain functions with the admin-action signature, wired into DeviceAdmin by its owner:
-
-    actions = (..., reboot_devices, alert_devices, say_on_devices, call_device_tool)
-    readonly_fields = (..., "device_tools")
-    @admin.display(description="Device tools")
-    def device_tools(self, obj): return device_tools_html(obj)
+Plain functions with the admin-action signature, listed in DeviceAdmin.actions; the device
+change page shows `device_tools_html`.
 
 Each action only calls a service in devices/commands.py. Alert, say and tool calls first
 show a small form (the standard intermediate-page pattern), then act on submit.

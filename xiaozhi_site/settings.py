@@ -108,7 +108,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 200, "expiry": 30},
+            # redis-py's default 5 s socket timeout equals channels-redis's 5 s blocking pop, so
+            # an idle consumer's receive would time out and kill the socket: give it room.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "capacity": 200, "expiry": 30},
         }
     }
 else:
@@ -272,6 +274,9 @@ TTS_OPENAI_MODEL = envstr("TTS_OPENAI_MODEL", "tts-1")
 TTS_EDGE_CONNECT_TIMEOUT = envfloat("TTS_EDGE_CONNECT_TIMEOUT", 3.0, minimum=0.1)
 TTS_TIMEOUT = envfloat("TTS_TIMEOUT", 10.0, minimum=0.1)
 ESPEAK_BINARY = envstr("ESPEAK_BINARY", "espeak-ng")
+# Modules imported at startup that may add provider kinds to the registry, e.g. the fakes of
+# tests and benchmarks: XIAOZHI_PROVIDER_PLUGINS=testing.fake_providers
+XIAOZHI_PROVIDER_PLUGINS = envlist("XIAOZHI_PROVIDER_PLUGINS", [])
 
 # --- Tools -------------------------------------------------------------------------------
 TOOLS_SERVER_TIMEOUT = envfloat("TOOLS_SERVER_TIMEOUT", 10.0, minimum=0.1)

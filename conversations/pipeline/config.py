@@ -68,6 +68,9 @@ class SessionConfig:
     unbound_policy: str = "speak_code"
     weather_base_url: str = ""
     geocoding_url: str = ""
+    # Remote MCP sources (tools.mcp.client.McpToolSource) of the persona's servers, built
+    # from the catalogue cached in the DB; plain objects, no ORM.
+    tool_sources: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,12 @@ def build_toolset(config: SessionConfig) -> tuple[Toolset, SessionToolState]:
     allowed = frozenset(persona.server_tools) if persona.server_tools is not None else None
     policy = ToolPolicy(
         server_tools=allowed,
+        mcp_servers=frozenset(persona.mcp_servers),
         device_tools=persona.device_tools_enabled,
         device_exclude=frozenset(persona.device_tool_exclusions),
     )
     builtin = BuiltinToolSource(state, allowed, timeout=config.server_tool_timeout)
-    return Toolset([builtin], policy), state
+    return Toolset([builtin, *config.tool_sources], policy), state
 
 
 def tool_record(spec: ToolSpec) -> dict:

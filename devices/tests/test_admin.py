@@ -228,3 +228,21 @@ def test_a_non_text_key_file_is_refused(admin_client: Client) -> None:
     DeviceKeyFactory()  # the upload page is reachable again afterwards
     assert admin_client.get("/admin/devices/devicekey/upload/").status_code == 200
     assert ActivationCode.objects.count() == 0
+
+
+def test_the_device_page_lists_its_tools_with_user_only_ones_marked(admin_client) -> None:  # noqa: ANN001
+    device = Device.objects.create(mac="aa:bb:cc:dd:ee:77", mcp_tools=[
+        {"name": "self.audio_speaker.set_volume", "description": "Set the volume", "user_only": False,
+         "parameters": {"type": "object", "properties": {"volume": {"type": "integer"}}}},
+        {"name": "self.reboot", "description": "Reboot", "user_only": True, "parameters": {}},
+    ])
+    page = admin_client.get(f"/admin/devices/device/{device.pk}/change/").content.decode()
+    assert "self.audio_speaker.set_volume" in page and "volume" in page
+    assert "self.reboot" in page and "[user only]" in page
+
+
+def test_the_device_list_offers_the_command_actions(admin_client) -> None:  # noqa: ANN001
+    Device.objects.create(mac="aa:bb:cc:dd:ee:78")
+    page = admin_client.get("/admin/devices/device/").content.decode()
+    for action in ("reboot_devices", "alert_devices", "say_on_devices", "call_device_tool"):
+        assert f'value="{action}"' in page
