@@ -1,0 +1,300 @@
+"""Ordered provider chains: the persona's fallback list for one stage.
+
+Rules (product.md, "reliability"):
+- ASR and TTS move to the next provider on ProviderError, on any other exception (a
+  provider bug must not leave the device hanging) or on a timeout.
+- The LLM falls over only before its first delta: once words are spoken, restarting the
+  answer with another model would repeat them.
+- espeak-ng is always the last TTS fallback: it is offline and takes ~15 ms a sentence.
+- A provider that just failed is tried last for `cooldown` seconds, so a dead cloud TTS
+  costs one connect timeout per session and not one per sentence.
+The caller learns which provider served (`kind`) for the turn history.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from conversations.pipeline.config import SessionConfig
+from conversations.providers import registry
+from conversations.providers.base import LLMDelta, PCMChunk, ProviderError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+LAST_RESORT_TTS = "espeak"
+DEFAULT_TIMEOUTS: dict[str, float] = {"asr": 15.0, "llm": 30.0, "tts": 10.0}
+# An LLM's own `timeout` covers the whole completion; the wait for its first token is
+# capped lower so a hung endpoint does not hold the user for two minutes.
+MAX_FIRST_TOKEN_WAIT = 30.0
+
+
+class AllProvidersFailed(ProviderError):
+    """Every provider of a stage failed; `last` is the final error."""
+
+    def __init__(self, stage: str, last: BaseException | None) -> None:
+        super().__init__(f"all {stage} providers failed")
+        self.stage = stage
+        self.last = last
+
+
+@dataclass
+class Slot:
+    kind: str
+    provider: Any
+    timeout: float
+    failed_until: float = 0.0
+
+
+class ProviderChain:
+    """The providers of one stage, tried in order (recently failed ones last)."""
+
+    def __init__(
+        self,
+        stage: str,
+        slots: list[Slot],
+        *,
+        cooldown: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stage = stage
+        self.slots = slots
+        self.cooldown = cooldown
+        self._clock = clock
+
+    @property
+    def kinds(self) -> list[str]:
+        return [slot.kind for slot in self.slots]
+
+    def order(self) -> list[Slot]:
+        now = self._clock()
+        healthy = [s for s in self.slots if s.failed_until <= now]
+        return healthy + [s for s in self.slots if s.failed_until > now]
+
+    def slot(self, kind: str) -> Slot | None:
+        return next((s for s in self.slots if s.kind == kind), None)
+
+    def failed(self, slot: Slot, error: BaseException) -> None:
+        slot.failed_until = self._clock() + self.cooldown
+        log.warning(
+            "provider failed, trying the next one",
+            exc_info=not isinstance(error, (ProviderError, TimeoutError)),
+            extra={"stage": self.stage, "provider": slot.kind, "error": type(error).__name__},
+        )
+
+    def succeeded(self, slot: Slot) -> None:
+        slot.failed_until = 0.0
+
+    async def aclose(self) -> None:
+        for slot in self.slots:
+            close = getattr(slot.provider, "aclose", None)
+            if close is not None:
+                try:
+                    await close()
+                except Exception:
+                    log.warning("provider close failed", exc_info=True, extra={"provider": slot.kind})
+
+
+def provider_kwargs(configs: Mapping[str, dict[str, Any]], stage: str, kind: str) -> dict[str, Any]:
+    """Constructor options: "<stage>.<kind>" wins over plain "<kind>" ("openai" is in 3 stages)."""
+    return dict(configs.get(f"{stage}.{kind}") or configs.get(kind) or {})
+
+
+def build_chain(stage: str, kinds: list[str] | tuple[str, ...], configs: Mapping[str, dict[str, Any]]) -> ProviderChain:
+    """Instantiate the persona's list; kinds that cannot be built are skipped and logged."""
+    wanted = list(dict.fromkeys(kinds))
+    if stage == "tts" and LAST_RESORT_TTS not in wanted:
+        wanted.append(LAST_RESORT_TTS)
+    slots: list[Slot] = []
+    for kind in wanted:
+        kwargs = provider_kwargs(configs, stage, kind)
+        try:
+            provider = registry.build(stage, kind, **kwargs)
+        except Exception as exc:  # unknown kind, missing option, missing binary/model
+            log.warning("provider not available", extra={"stage": stage, "provider": kind, "error": str(exc)[:200]})
+            continue
+        slots.append(Slot(kind, provider, _timeout(stage, kwargs)))
+    return ProviderChain(stage, slots)
+
+
+def _timeout(stage: str, kwargs: dict[str, Any]) -> float:
+    value = float(kwargs.get("timeout") or DEFAULT_TIMEOUTS[stage])
+    return min(value, MAX_FIRST_TOKEN_WAIT) if stage == "llm" else value
+
+
+async def transcribe(chain: ProviderChain, pcm: bytes, sample_rate: int, language: str | None) -> tuple[str, str]:
+    """(text, provider kind) from the first ASR that answers in time."""
+    last: BaseException | None = None
+    for slot in chain.order():
+        try:
+            async with asyncio.timeout(slot.timeout):
+                text = await slot.provider.transcribe(pcm, sample_rate, language)
+        except Exception as exc:
+            chain.failed(slot, exc)
+            last = exc
+            continue
+        chain.succeeded(slot)
+        return (text or "").strip(), slot.kind
+    raise AllProvidersFailed(chain.stage, last)
+
+
+async def stream_llm(chain: ProviderChain, messages: list[dict], **params: Any) -> tuple[str, AsyncIterator[LLMDelta]]:
+    """(provider kind, delta stream) from the first LLM that produces a first delta in time.
+
+    An LLM that ends without any delta counts as having answered (with nothing).
+    """
+    return await _first_of(chain, lambda provider: provider.stream(messages, **params), empty_ok=True)
+
+
+async def synthesize(
+    chain: ProviderChain, text: str, *, voice: str, language: str
+) -> tuple[str, AsyncIterator[PCMChunk]]:
+    """(provider kind, PCM stream) from the first TTS that yields audio in time."""
+    return await _first_of(
+        chain, lambda provider: provider.synthesize(text, voice=voice, language=language), empty_ok=False
+    )
+
+
+async def _first_of(
+    chain: ProviderChain, open_stream: Callable[[Any], AsyncIterator[T]], *, empty_ok: bool
+) -> tuple[str, AsyncIterator[T]]:
+    last: BaseException | None = None
+    for slot in chain.order():
+        stream = open_stream(slot.provider)
+        try:
+            async with asyncio.timeout(slot.timeout):
+                first = await anext(stream)
+        except StopAsyncIteration:
+            if empty_ok:
+                chain.succeeded(slot)
+                return slot.kind, _empty()
+            last = ProviderError(f"{slot.kind} produced nothing")
+            chain.failed(slot, last)
+            continue
+        except Exception as exc:
+            await _close(stream)
+            chain.failed(slot, exc)
+            last = exc
+            continue
+        chain.succeeded(slot)
+        return slot.kind, _rest(first, stream, slot, chain.stage)
+    raise AllProvidersFailed(chain.stage, last)
+
+
+async def _rest(first: T, stream: AsyncIterator[T], slot: Slot, stage: str) -> AsyncIterator[T]:
+    """The first item, then the rest; a failure or stall after the first item is a
+    ProviderError for the caller (no fallback any more), and the stream is always closed."""
+    try:
+        yield first
+        while True:
+            try:
+                async with asyncio.timeout(slot.timeout if stage != "llm" else None):
+                    item = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except ProviderError:
+                raise
+            except Exception as exc:
+                raise ProviderError(f"{slot.kind} failed mid-stream: {type(exc).__name__}") from exc
+            yield item
+    finally:
+        await _close(stream)
+
+
+async def _empty() -> AsyncIterator[Any]:
+    return
+    yield  # pragma: no cover - makes this an async generator
+
+
+async def _close(stream: AsyncIterator[Any]) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception:
+            log.debug("provider stream close failed", exc_info=True)
+
+
+@dataclass
+class StageChains:
+    asr: ProviderChain
+    llm: ProviderChain
+    tts: ProviderChain
+    apology: ProviderChain  # espeak only: the voice that works when everything else failed
+
+
+_warmed: set[str] = set()
+_warm_lock = threading.Lock()
+
+
+def _warm_up_once(chain: ProviderChain) -> None:
+    """Load local models (faster-whisper: ~0.5 s) once per process, while the first session
+    is still listening, instead of inside its first turn. Runs in the build thread."""
+    for slot in chain.slots:
+        warm_up = getattr(slot.provider, "warm_up", None)
+        with _warm_lock:
+            if warm_up is None or slot.kind in _warmed:
+                continue
+            _warmed.add(slot.kind)
+        try:
+            warm_up()
+        except Exception:
+            log.warning("provider warm-up failed", exc_info=True, extra={"stage": chain.stage, "provider": slot.kind})
+
+
+class Chains:
+    """A session's provider chains, built once on first need.
+
+    Building imports provider SDKs (openai alone takes ~0.6 s the first time in a process)
+    and creates HTTP clients, so it runs in a worker thread, and only for sessions that
+    actually talk: thousands of idle devices never pay for it.
+    """
+
+    def __init__(self, config: SessionConfig) -> None:
+        self._config = config
+        self._task: asyncio.Task[StageChains] | None = None
+        self.ready: StageChains | None = None
+
+    def prepare(self) -> None:
+        """Start building in the background (at `listen start`, before the first turn)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._build), name="provider-chains")
+            self._task.add_done_callback(self._built)
+
+    async def get(self) -> StageChains:
+        self.prepare()
+        assert self._task is not None
+        return await asyncio.shield(self._task)
+
+    def _built(self, task: asyncio.Task[StageChains]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self.ready = task.result()
+
+    def _build(self) -> StageChains:
+        persona, configs = self._config.persona, self._config.providers
+        asr = build_chain("asr", persona.asr, configs)
+        _warm_up_once(asr)
+        tts = build_chain("tts", persona.tts, configs)
+        espeak = tts.slot(LAST_RESORT_TTS)
+        apology = ProviderChain("tts", [espeak]) if espeak is not None else tts
+        return StageChains(
+            asr=asr,
+            llm=build_chain("llm", persona.llm, configs),
+            tts=tts,
+            apology=apology,
+        )
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self.ready is not None:
+            for chain in (self.ready.asr, self.ready.llm, self.ready.tts):
+                await chain.aclose()
+            self.ready = None

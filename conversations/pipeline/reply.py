@@ -1,0 +1,340 @@
+"""One assistant reply (a turn's answer, a greeting, a fixed `say`): its handle and its run.
+
+Modelled on livekit's SpeechHandle: whoever wants the reply gone (device `abort`, realtime
+barge-in, a new `listen start`, the engine closing) calls `interrupt()`; nobody reaches
+into the reply's tasks. The handle also guards every message the reply sends: once
+`interrupt()` has returned, nothing the reply's tasks try to send reaches the device, even
+if a task has not yet noticed its cancellation (protocol-reference §11.8).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from conversations.pipeline import fallback
+from conversations.pipeline.config import TurnRecord
+from conversations.pipeline.contracts import EngineContext
+from conversations.pipeline.fallback import AllProvidersFailed, Chains, ProviderChain, StageChains
+from conversations.pipeline.listen import Utterance
+from conversations.pipeline.serial import SerialRunner
+from conversations.pipeline.speak import (
+    TTS_START_GAP_S,
+    Clock,
+    SendAudio,
+    SendMessage,
+    SpeechStats,
+    SpeechStream,
+)
+from conversations.pipeline.states import SessionState
+from conversations.pipeline.text import SentenceSplitter, is_speakable, split_emotion
+from conversations.pipeline.think import EMOTION_EMOJI, EmotionGate, Thinker, Thought
+from conversations.providers.base import ProviderError
+from devices.protocol.messages import Llm, Message, Stt, TtsStart, TtsStop
+
+log = logging.getLogger(__name__)
+
+
+class ReplyHandle:
+    """A reply in flight.
+
+    - `interrupt()`: synchronous and idempotent; marks the reply interrupted (so its guarded
+      sends become no-ops at once) and cancels the task doing the work.
+    - `interrupted` / `done`: flags; `done` is set when the task has finished, however.
+    - `wait_for_playout()`: returns when the task has finished, i.e. after `tts stop` for a
+      reply that completed, or after cancellation for an interrupted one.
+    - `allow_interruptions`: off while something must not be cut (kept for callers such as
+      a device-side MCP call; barge-in checks it, an explicit device `abort` does not).
+    """
+
+    def __init__(self, index: int, kind: str = "turn") -> None:
+        self.index = index
+        self.kind = kind  # "turn" | "say" | "greeting" | "apology"
+        self.created_at = time.monotonic()
+        self.allow_interruptions = True
+        self.speaking = False  # `tts start` has been sent for this reply
+        self.interrupt_reason = ""
+        self._interrupted = False
+        self._task: asyncio.Task[Any] | None = None
+        self._done = asyncio.Event()
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def attach(self, task: asyncio.Task[Any]) -> None:
+        """Bind the task that produces this reply; `done` follows that task."""
+        self._task = task
+        task.add_done_callback(lambda _t: self._done.set())
+        if self._interrupted:
+            task.cancel()
+
+    def interrupt(self, reason: str = "") -> None:
+        if self._interrupted or self.done:
+            return
+        self._interrupted = True
+        self.interrupt_reason = reason
+        if self._task is not None:
+            self._task.cancel()
+
+    async def wait_for_playout(self) -> None:
+        await self._done.wait()
+
+    def guard_send(self, send: SendMessage) -> SendMessage:
+        """`send` that drops messages once the reply is interrupted."""
+
+        async def guarded(message: Message) -> None:
+            if not self._interrupted:
+                await send(message)
+
+        return guarded
+
+    def guard_audio(self, send_audio: SendAudio) -> SendAudio:
+        async def guarded(packet: bytes) -> None:
+            if not self._interrupted:
+                await send_audio(packet)
+
+        return guarded
+
+
+# -- what a reply does ---------------------------------------------------------------------
+
+APOLOGIES = {
+    "zh": "抱歉，我这边出了点问题，请再说一遍。",
+    "en": "Sorry, something went wrong. Please try again.",
+}
+Outcome = str  # "empty" | "spoken" | "exit_phrase" | "apology"
+
+
+def apology_text(language: str) -> str:
+    return APOLOGIES.get((language or "en").split("-")[0].lower(), APOLOGIES["en"])
+
+
+def _ms(at: float | None, origin: float) -> float | None:
+    return None if at is None else round((at - origin) * 1000, 1)
+
+
+class TurnRunner:
+    """The wire sequence of a turn, given an utterance:
+    `stt` → `tts start` → `llm` (emotion) → per sentence `sentence_start`, frames,
+    `sentence_end` → `tts stop` after the playout; plus fixed texts (greeting, `say`,
+    farewell, apology) as `tts start` → sentences → `tts stop`.
+
+    Every message of a reply goes through its handle's guard; the TurnRecord is handed to
+    the history runner (a background queue), never awaited on the audio path.
+    """
+
+    def __init__(
+        self,
+        ctx: EngineContext,
+        chains: Chains,
+        thinker: Thinker,
+        executor: Executor,
+        clock: Clock,
+        history: SerialRunner,
+    ) -> None:
+        self._ctx, self._chains, self._thinker = ctx, chains, thinker
+        self._executor, self._clock, self._history = executor, clock, history
+        self._persona = ctx.config.persona
+
+    # -- a conversational turn ---------------------------------------------------------------
+
+    async def run(
+        self,
+        reply: ReplyHandle,
+        utterance: Utterance,
+        speculation: asyncio.Task[tuple[str, str] | None] | None,
+        *,
+        rest_state: Callable[[], SessionState],
+        set_state: Callable[[SessionState], None],
+        is_exit_phrase: Callable[[str], bool],
+    ) -> Outcome:
+        record = TurnRecord(index=reply.index, timings={"speech_end": 0.0})
+        thought = Thought()
+        origin = utterance.ended_at
+        set_state(SessionState.THINKING)
+        chains = await self._chains.get()
+        try:
+            try:
+                text = await self._recognize(chains, utterance, speculation, record, origin)
+            except AllProvidersFailed:
+                record.error = "asr: all providers failed"
+                record.reply_text = self.apology
+                await self.speak_fixed(reply, self.apology, chains.apology)
+                return "apology"
+            if not text:
+                set_state(rest_state())  # nothing said: quietly back to listening
+                return "empty"
+            record.user_text = text
+            await reply.guard_send(self._ctx.send)(Stt(text))
+            if is_exit_phrase(text):
+                record.reply_text = self._persona.farewell.strip() or "Goodbye!"
+                await self.speak_fixed(reply, record.reply_text)
+                return "exit_phrase"
+            await self._respond(reply, chains, text, thought, record, origin)
+            return "spoken"
+        finally:
+            self._finish(reply, record, thought, origin)
+
+    @property
+    def apology(self) -> str:
+        return apology_text(self._language())
+
+    async def _recognize(
+        self,
+        chains: StageChains,
+        utterance: Utterance,
+        speculation: asyncio.Task[tuple[str, str] | None] | None,
+        record: TurnRecord,
+        origin: float,
+    ) -> str:
+        result = await _speculative_result(speculation)
+        if result is None:
+            result = await fallback.transcribe(
+                chains.asr, utterance.pcm, utterance.sample_rate, self._persona.language
+            )
+        text, kind = result
+        record.providers["asr"] = kind
+        record.timings["asr_done"] = _ms(self._clock.now(), origin) or 0.0
+        return text if is_speakable(text) else ""
+
+    async def _respond(
+        self, reply: ReplyHandle, chains: StageChains, text: str, thought: Thought, record: TurnRecord, origin: float
+    ) -> None:
+        send = reply.guard_send(self._ctx.send)
+        speech = self._stream(reply, chains.tts, await self._start_speaking(reply))
+        gate, splitter = EmotionGate(), SentenceSplitter()
+        try:
+            try:
+                async for delta in self._thinker.stream(chains.llm, text, thought):
+                    await self._feed(delta, gate, splitter, speech, send, record)
+            except ProviderError as exc:
+                record.error = f"llm: {exc}"[:200]
+                log.warning("llm failed during a turn", extra={"error": type(exc).__name__})
+            await self._feed_end(gate, splitter, speech, send, record)
+            if record.error and not speech.pushed:
+                record.reply_text = self.apology
+                speech.push(self.apology, chains.apology)
+            speech.end_input()
+            await speech.wait_for_playout()
+            await self._stop_speaking(reply)
+        finally:
+            await speech.aclose()
+            self._speech_timings(record, speech.stats, origin)
+
+    async def _feed(
+        self, delta: str, gate: EmotionGate, splitter: SentenceSplitter, speech: SpeechStream,
+        send: SendMessage, record: TurnRecord,
+    ) -> None:
+        emotion, rest = gate.push(delta)
+        await self._emit_emotion(emotion, send, record)
+        for sentence in splitter.push(rest):
+            speech.push(sentence)
+
+    async def _feed_end(
+        self, gate: EmotionGate, splitter: SentenceSplitter, speech: SpeechStream,
+        send: SendMessage, record: TurnRecord,
+    ) -> None:
+        emotion, rest = gate.flush()
+        await self._emit_emotion(emotion, send, record)
+        for sentence in splitter.push(rest) + splitter.flush():
+            speech.push(sentence)
+
+    @staticmethod
+    async def _emit_emotion(emotion: str | None, send: SendMessage, record: TurnRecord) -> None:
+        if emotion is not None:
+            record.emotion = emotion
+            await send(Llm(emotion=emotion, text=EMOTION_EMOJI.get(emotion, "")))
+
+    def _finish(self, reply: ReplyHandle, record: TurnRecord, thought: Thought, origin: float) -> None:
+        record.interrupted = reply.interrupted
+        if thought.reply_text and not record.reply_text:
+            record.reply_text = split_emotion(thought.reply_text)[1].strip()
+        record.tool_calls = thought.tool_call_dicts()
+        if thought.providers:
+            record.providers["llm"] = ",".join(thought.providers)
+        if thought.first_token_at is not None:
+            record.timings["llm_first_token"] = _ms(thought.first_token_at, origin) or 0.0
+        if thought.reply_text:
+            self._thinker.remember(record.user_text, record.reply_text)
+        if record.user_text or record.error:
+            hooks = self._ctx.hooks
+            self._history.submit(lambda: hooks.turn_finished(record))
+
+    @staticmethod
+    def _speech_timings(record: TurnRecord, stats: SpeechStats, origin: float) -> None:
+        if stats.providers:
+            record.providers["tts"] = ",".join(stats.providers)
+        for key, at in (
+            ("tts_first_audio", stats.first_audio_at),
+            ("first_frame_sent", stats.first_frame_at),
+            ("last_frame_sent", stats.last_frame_at),
+        ):
+            value = _ms(at, origin)
+            if value is not None:
+                record.timings[key] = value
+
+    # -- fixed texts -------------------------------------------------------------------------
+
+    async def speak_fixed(self, reply: ReplyHandle, text: str, chain: ProviderChain | None = None) -> SpeechStats:
+        """`tts start`, the text's sentences, `tts stop` after playout (greeting, say, farewell)."""
+        chains = await self._chains.get()
+        speech = self._stream(reply, chains.tts, await self._start_speaking(reply))
+        try:
+            splitter = SentenceSplitter()
+            for sentence in splitter.push(text) + splitter.flush():
+                speech.push(sentence, chain)
+            speech.end_input()
+            await speech.wait_for_playout()
+            await self._stop_speaking(reply)
+        finally:
+            await speech.aclose()
+        return speech.stats
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _start_speaking(self, reply: ReplyHandle) -> float:
+        """Send `tts start`; return the earliest time for the first frame (firmware race)."""
+        if not reply.interrupted:
+            reply.speaking = True  # set first: an interrupt during the send owes a `tts stop`
+            await self._ctx.send(TtsStart())
+        return self._clock.now() + TTS_START_GAP_S
+
+    async def _stop_speaking(self, reply: ReplyHandle) -> None:
+        if reply.speaking and not reply.interrupted:
+            reply.speaking = False
+            await self._ctx.send(TtsStop())
+
+    def _stream(self, reply: ReplyHandle, chain: ProviderChain, not_before: float) -> SpeechStream:
+        return SpeechStream(
+            tts=chain,
+            executor=self._executor,
+            send=reply.guard_send(self._ctx.send),
+            send_audio=reply.guard_audio(self._ctx.send_audio),
+            sample_rate=self._ctx.config.downlink_sample_rate,
+            voice=self._persona.voice,
+            language=self._language(),
+            not_before=not_before,
+            clock=self._clock,
+        )
+
+    def _language(self) -> str:
+        state = self._ctx.tool_state
+        return (state.language if state is not None and state.language else "") or self._persona.language
+
+
+async def _speculative_result(task: asyncio.Task[tuple[str, str] | None] | None) -> tuple[str, str] | None:
+    """The speculative ASR's answer, or None (not started, cancelled or failed)."""
+    if task is None:
+        return None
+    await asyncio.wait([task])
+    if task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()  # None when the speculative ASR failed
