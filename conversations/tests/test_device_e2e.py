@@ -17,6 +17,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from conversations.models import Conversation
+from conversations.tests.e2e import session_recorded_closed
 from devices.models import Device
 from devices.services import device_token_issue
 from devices.simulator import DeviceMcpServer
@@ -60,22 +61,6 @@ async def simulator(server: AsgiServer, device: Device) -> AsyncIterator[Simulat
     async with SimulatedDevice(server.http_url, mac=device.mac, client_id=device.client_id, mcp=mcp) as sim:
         yield sim
     await session_recorded_closed(sim.session_id)
-
-
-async def session_recorded_closed(session_id: str, timeout: float = 10.0) -> None:
-    """Wait until the server wrote its last row for the session (presence offline, end).
-
-    The server outlives the test; its disconnect writes must not race the table flush
-    that ends each transactional test (PostgreSQL would deadlock TRUNCATE against them).
-    """
-    if not session_id:
-        return  # no hello answered: the server never writes for such a socket
-    deadline = time.monotonic() + timeout
-    ended = Conversation.objects.filter(session_id=session_id, ended_at__isnull=False)
-    while not await database_sync_to_async(ended.exists)():
-        if time.monotonic() > deadline:
-            raise AssertionError("the server did not record the end of the session")
-        await asyncio.sleep(0.05)
 
 
 async def connect(sim: SimulatedDevice, server: AsgiServer, device: Device, token: str | None = None,

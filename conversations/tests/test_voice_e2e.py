@@ -17,9 +17,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from channels.db import database_sync_to_async
 
 from conversations.models import Turn
 from conversations.providers.asr.faster_whisper import FasterWhisperASR
+from conversations.tests.e2e import session_recorded_closed
 from devices.simulator.device import SimulatedDevice
 from devices.tests.factories import BoundDeviceFactory, PersonaFactory, mac_for
 from testing.fake_openai import Call, FakeOpenAI, RecordedRequest, Reply
@@ -77,13 +79,21 @@ def overlap(heard: str, expected: str) -> float:
 async def open_device(server: AsgiServer, mode: str = "auto", **persona: Any) -> SimulatedDevice:
     defaults = {"language": "en", "asr_providers": ["faster_whisper"], "llm_providers": ["openai"],
                 "tts_providers": ["espeak"], "vad_min_silence_ms": 500, "greeting": "", "exit_phrases": []}
-    row = await asyncio.to_thread(_create_device, {**defaults, **persona})
+    row = await database_sync_to_async(_create_device)({**defaults, **persona})
     device = SimulatedDevice(server.http_url, mac=row, listen_mode=mode, language="en-US")
     await device.connect(f"{server.ws_url}/xiaozhi/v1/", token="")
     await device.hello()
     await device.wait_for(lambda e: e.kind == "sent" and '"tools":[' in e.payload, timeout=10)
     await asyncio.sleep(0.1)  # the server has the device's tool list once it read that reply
     return device
+
+
+async def close_and_wait(device: SimulatedDevice) -> None:
+    """Close, then wait for the server's last writes for the session, which must not race
+    the table flush that ends each transactional test (a deadlock on PostgreSQL)."""
+    session_id = device.session_id
+    await device.close()
+    await session_recorded_closed(session_id)
 
 
 def _create_device(persona: dict[str, Any]) -> str:
@@ -130,11 +140,11 @@ def assert_paced(device: SimulatedDevice, since: int) -> None:
 
 async def wait_turn_row(**filters: Any) -> Turn:
     for _ in range(200):
-        turn = await asyncio.to_thread(lambda: Turn.objects.filter(**filters).order_by("-id").first())
+        turn = await database_sync_to_async(lambda: Turn.objects.filter(**filters).order_by("-id").first())()
         if turn is not None:
             return turn
         await asyncio.sleep(0.05)
-    rows = await asyncio.to_thread(lambda: list(Turn.objects.values("user_text", "reply_text", "error")))
+    rows = await database_sync_to_async(lambda: list(Turn.objects.values("user_text", "reply_text", "error")))()
     raise AssertionError(f"no turn matching {filters} was persisted; turns: {rows}")
 
 
@@ -167,7 +177,7 @@ async def test_a_question_is_answered_after_a_device_tool_call_with_paced_real_s
         assert turn.tool_calls[0]["name"] == "self.audio_speaker.set_volume" and turn.emotion == "happy"
         assert {"asr_done", "llm_first_token", "first_frame_sent", "last_frame_sent"} <= set(turn.timings)
     finally:
-        await device.close()
+        await close_and_wait(device)
 
 
 async def test_abort_in_the_middle_of_a_reply_stops_it_at_once(server: AsgiServer, fake_llm: FakeOpenAI) -> None:
@@ -190,7 +200,7 @@ async def test_abort_in_the_middle_of_a_reply_stops_it_at_once(server: AsgiServe
         turn = await wait_turn_row(user_text__icontains="story")
         assert turn.interrupted
     finally:
-        await device.close()
+        await close_and_wait(device)
 
 
 async def test_manual_mode_with_a_failing_asr_and_tts_replaced_by_fallbacks(
@@ -207,7 +217,7 @@ async def test_manual_mode_with_a_failing_asr_and_tts_replaced_by_fallbacks(
         turn = await wait_turn_row(user_text__icontains="weather")
         assert turn.providers["asr"] == "faster_whisper" and turn.providers["tts"] == "espeak"
     finally:
-        await device.close()
+        await close_and_wait(device)
 
 
 async def test_realtime_speech_barges_in_on_a_long_reply(server: AsgiServer, fake_llm: FakeOpenAI) -> None:
@@ -232,7 +242,7 @@ async def test_realtime_speech_barges_in_on_a_long_reply(server: AsgiServer, fak
                               and e.payload.get("state") == "stop" and e.t > stop.t, since=barge, timeout=10)
         assert device.subtitles[-1] == "Okay, I stopped."
     finally:
-        await device.close()
+        await close_and_wait(device)
 
 
 async def test_when_every_llm_fails_the_device_hears_an_apology_and_listens_again(
@@ -251,4 +261,4 @@ async def test_when_every_llm_fails_the_device_hears_an_apology_and_listens_agai
         turn = await wait_turn_row(user_text__icontains="kitchen")
         assert turn.error.startswith("llm:")
     finally:
-        await device.close()
+        await close_and_wait(device)
