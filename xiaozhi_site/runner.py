@@ -62,8 +62,11 @@ def start(cmds: dict[str, list[str]]) -> dict[str, subprocess.Popen]:
 
 
 def stop(children: dict[str, subprocess.Popen]) -> None:
+    # SIGTERM the leaders only: Celery then stops its own pool processes cleanly; whatever
+    # is still alive in a group after the grace period is killed.
     for child in children.values():
-        _signal_group(child, signal.SIGTERM)
+        if child.poll() is None:
+            child.terminate()
     deadline = time.monotonic() + STOP_GRACE_SECONDS
     for child in children.values():
         try:
