@@ -21,6 +21,7 @@ from conversations.gateway import protocol
 from conversations.gateway.client_tools import CALL_TRACE, CallTrace
 from conversations.gateway.protocol import ErrorCode, GatewayError
 from conversations.gateway.store import ChatOptions
+from conversations.pipeline.think import assistant_tool_message, tool_message
 from conversations.providers.base import LLM, ProviderError, ToolCall
 from tools.registry import ToolCallRecord, Toolset
 
@@ -74,9 +75,9 @@ class TurnRunner:
                 texts.append(text)
             if not calls or offered is None:
                 break
-            messages.append(_assistant_message(text, calls))
+            messages.append(assistant_tool_message(text, calls))
             records = await self._run_calls(calls, kinds)
-            messages.extend(_tool_message(call, record) for call, record in zip(calls, records))
+            messages.extend(tool_message(call, record) for call, record in zip(calls, records))
         self._outcome.text = "\n".join(texts)
         return self._outcome
 
@@ -184,21 +185,6 @@ def tool_summary(record: ToolCallRecord) -> dict[str, Any]:
         "success": record.success,
         "duration_ms": record.duration_ms,
     }
-
-
-def _assistant_message(text: str, calls: list[ToolCall]) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": text or None,
-        "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in calls
-        ],
-    }
-
-
-def _tool_message(call: ToolCall, record: ToolCallRecord) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call.id, "content": record.result}
 
 
 def _llm_timeout(timeout: float) -> GatewayError:
