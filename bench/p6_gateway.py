@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import platform
 import sqlite3
 import statistics
 import subprocess
@@ -44,6 +42,9 @@ from testing.fake_openai import FakeOpenAI, Reply  # noqa: E402
 from tools.builtin import BuiltinToolSource, SessionToolState  # noqa: E402
 from tools.registry import Toolset  # noqa: E402
 from testing.server import AsgiServer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, utc_now  # noqa: E402  (bench/common.py)
 
 P50_TARGET_MS = 3.0
 QUESTION = "你好"
@@ -186,21 +187,6 @@ def stub_alone_elsewhere(base_url: str, count: int, same_request: bool) -> Resul
     return result
 
 
-def machine() -> str:
-    model = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{model or 'unknown CPU'}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}"
-    )
-
-
 def migrate(env: dict[str, str]) -> None:
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
@@ -220,7 +206,7 @@ def server_split(db_path: str, args: argparse.Namespace) -> tuple[float, float]:
 
 
 def report(results: list[Result], refused: int, args: argparse.Namespace, split: tuple[float, float]) -> None:
-    print(f"\nP6 — LLM Gateway overhead, {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
+    print(f"\nP6 — LLM Gateway overhead, {utc_now()}")
     print(f"Machine: {machine()}\n")
     print("| scenario | clients | messages | p50 ms | p90 ms | p99 ms | max ms | msg/s | errors |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

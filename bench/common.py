@@ -1,0 +1,265 @@
+"""Shared helpers for the benchmarks in bench/ (P1-P6 of docs/product.md).
+
+- `BenchServer`: the real server (daphne via testing/server.py) on a fresh SQLite database in
+  a temporary data directory, migrated, with the default persona's providers and turn-taking
+  set for the benchmark, open device auth, the fake providers plugin, and the pipeline's
+  per-session stats written as JSON lines (bench/server_settings.py).
+- Reading results back: turn timings from the database, pipeline stats, server RSS.
+- Reporting: percentiles, markdown tables, machine description, PASS/FAIL lines.
+
+Every benchmark prints a markdown table plus the date, the machine and the command line, and
+exits 0 whether or not a target is met.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import platform
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+if str(BASE_DIR) not in sys.path:
+    sys.path.insert(0, str(BASE_DIR))
+
+from testing.server import AsgiServer  # noqa: E402
+
+DEVICE_PATH = "/xiaozhi/v1/"
+FAKE_PERSONA = {"asr_providers": ["fake_echo"], "llm_providers": ["fake_echo"], "tts_providers": ["fake_tone"]}
+
+# -- statistics and reporting ---------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..1), as bench/p6_gateway.py computes it; NaN if empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 0.5)
+
+
+def fmt(value: float, digits: int = 1) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]], align: str | None = None) -> str:
+    """A markdown table; `align` is one character per column, "l" or "r" (default: l then r)."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    rule = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(rule) + " |"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def verdict(label: str, ok: bool, detail: str) -> str:
+    return f"{label}: {'PASS' if ok else 'FAIL'} ({detail})"
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _first_line_with(path: str, prefix: str) -> str:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(prefix):
+                return line.split(":", 1)[1].strip() if ":" in line else line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return ""
+
+
+def machine() -> str:
+    """CPU model, cores, RAM, OS and Python of this machine, on one line."""
+    cpu = _first_line_with("/proc/cpuinfo", "model name") or platform.processor() or "unknown CPU"
+    mem_kb = _first_line_with("/proc/meminfo", "MemTotal").split()
+    ram = f"{int(mem_kb[0]) / 1024 / 1024:.1f} GiB RAM" if mem_kb else "unknown RAM"
+    distro = _first_line_with("/etc/os-release", "PRETTY_NAME=") or platform.system()
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {ram}, {distro} (Linux {platform.release()}), "
+        f"Python {platform.python_version()}"
+    )
+
+
+def _relative(arg: str) -> str:
+    path = Path(arg)
+    return path.relative_to(BASE_DIR).as_posix() if path.is_absolute() and path.is_relative_to(BASE_DIR) else arg
+
+
+def header(title: str) -> str:
+    """Title, UTC date, machine and the command line, for the top of a report."""
+    command = " ".join(_relative(arg) for arg in [sys.executable, *sys.argv])
+    return f"\n{title}\nDate: {utc_now()}\nMachine: {machine()}\nCommand: `{command}`\n"
+
+
+def core_share(cpu_seconds: float, seconds: float) -> str:
+    """CPU seconds as a share of one core over `seconds` (2 busy cores = 200%)."""
+    return f"{cpu_seconds / seconds * 100:.0f}%" if seconds else "-"
+
+
+# -- the server under test ------------------------------------------------------------------
+
+
+class BenchServer:
+    """A migrated temporary data directory and the running server on it.
+
+    `persona` updates the default persona (created by a migration) before the server starts;
+    `env` adds server settings. Use as a context manager; `restart()` starts a fresh server
+    process on the same database (a new stats file each time).
+    """
+
+    def __init__(self, *, persona: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+                 prefix: str = "bench-") -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
+        self.data_dir = Path(self._tmp.name)
+        self.db_path = self.data_dir / "db.sqlite3"
+        self.persona = persona or {}
+        self.extra_env = env or {}
+        self.server: AsgiServer | None = None
+        self.runs = 0
+
+    @property
+    def stats_path(self) -> Path:
+        return self.data_dir / f"stats-{self.runs}.jsonl"
+
+    def env(self) -> dict[str, str]:
+        return {
+            "XIAOZHI_DATA_DIR": str(self.data_dir),
+            "DATABASE_URL": f"sqlite:///{self.db_path}",
+            "DJANGO_SETTINGS_MODULE": os.environ.get("BENCH_SETTINGS", "bench.server_settings"),
+            "BENCH_STATS_FILE": str(self.stats_path),
+            "XIAOZHI_WS_AUTH": "open",
+            "XIAOZHI_UNBOUND_POLICY": "allow",
+            "XIAOZHI_PROVIDER_PLUGINS": "testing.fake_providers",
+            **self.extra_env,
+        }
+
+    def prepare(self) -> None:
+        env = {**os.environ, **self.env()}
+        manage = [sys.executable, "manage.py"]
+        subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=BASE_DIR, env=env, check=True)
+        code = (
+            "import json, os; from conversations.models import Persona; "
+            "p = Persona.objects.get(is_default=True); "
+            "[setattr(p, k, v) for k, v in json.loads(os.environ['BENCH_PERSONA']).items()]; p.save()"
+        )
+        env["BENCH_PERSONA"] = json.dumps(self.persona)
+        subprocess.run([*manage, "shell", "-c", code], cwd=BASE_DIR, env=env, check=True)
+
+    def start(self) -> AsgiServer:
+        self.runs += 1
+        self.server = AsgiServer(env=self.env(), log_path=self.data_dir / f"server-{self.runs}.log").start(60)
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def restart(self) -> AsgiServer:
+        self.stop()
+        return self.start()
+
+    @property
+    def ws_url(self) -> str:
+        assert self.server is not None
+        return f"{self.server.ws_url}{DEVICE_PATH}"
+
+    @property
+    def http_url(self) -> str:
+        assert self.server is not None
+        return self.server.http_url
+
+    @property
+    def pid(self) -> int:
+        assert self.server is not None and self.server.process is not None
+        return self.server.process.pid
+
+    def __enter__(self) -> BenchServer:
+        self.prepare()
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+        self._tmp.cleanup()
+
+    # -- results --------------------------------------------------------------------------
+
+    def turn_timings(self, since_id: int = 0) -> list[dict[str, float]]:
+        """`Turn.timings` of every stored turn with id > since_id (ms since the VAD decision)."""
+        with sqlite3.connect(self.db_path) as db:
+            rows = db.execute("SELECT timings FROM conversations_turn WHERE id > ? ORDER BY id", (since_id,))
+            return [json.loads(row[0]) for row in rows.fetchall()]
+
+    def last_turn_id(self) -> int:
+        with sqlite3.connect(self.db_path) as db:
+            return int(db.execute("SELECT COALESCE(MAX(id), 0) FROM conversations_turn").fetchone()[0])
+
+    def stats(self, message: str | None = None, run: int | None = None) -> list[dict[str, Any]]:
+        """Pipeline stats records (JSON lines) of a server run, optionally one message only."""
+        path = self.data_dir / f"stats-{run or self.runs}.jsonl"
+        if not path.exists():
+            return []
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [r for r in records if message is None or r.get("message") == message]
+
+    def log(self) -> str:
+        return self.server.log() if self.server is not None else ""
+
+
+# -- process memory ---------------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def rss_bytes(pid: int, include_children: bool = True) -> int:
+    """VmRSS of `pid` (and, recursively, of its child processes) in bytes."""
+    total = 0
+    pids = [pid]
+    while pids:
+        current = pids.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+        if include_children:
+            pids.extend(_children(current))
+    return total
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/<pid>/stat), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    return cpu_seconds(os.getpid())

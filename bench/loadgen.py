@@ -1,0 +1,287 @@
+"""A light device for load: the firmware's handshake, hello, MCP answers and Opus uplink, with
+none of SimulatedDevice's per-device threads, encoders or decoders.
+
+Hundreds or thousands of these share one asyncio loop. Uplink packets are encoded once
+(`Utterance`) and replayed on an absolute 60 ms clock, exactly as a device streams its
+microphone; downlink frames are only timestamped, not decoded. The handshake headers, the
+hello and the device-side MCP server are the simulator's own (devices/simulator/), so the
+server sees what a real device sends.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from devices.simulator import transport
+from devices.simulator.mcp_server import DeviceMcpServer
+from testing.speech import opus_packets, silence, speak
+
+FRAME_S = 0.06
+RATE = 16000
+FRAME_SAMPLES = RATE * 60 // 1000
+SPEECH_RMS = 300.0  # s16 units (about -40 dBFS): a frame above this is speech
+
+
+def mac_for(index: int, prefix: int = 0xBE) -> str:
+    value = (prefix << 40) | index
+    return ":".join(f"{(value >> shift) & 0xFF:02x}" for shift in range(40, -8, -8))
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """Pre-encoded uplink: lead-in silence, speech, then trailing silence (DTX packets, as a
+    device sends them). `speech_end` is the index of the last packet holding speech."""
+
+    packets: tuple[bytes, ...]
+    speech_end: int
+
+    @classmethod
+    def spoken(cls, text: str, *, lead_ms: int = 300, tail_ms: int = 2000) -> Utterance:
+        pcm = silence(RATE, lead_ms) + speak(text) + silence(RATE, tail_ms)
+        packets = opus_packets(pcm)
+        return cls(tuple(packets), last_speech_frame(pcm))
+
+    @property
+    def speech_packets(self) -> tuple[bytes, ...]:
+        return self.packets[: self.speech_end + 1]
+
+    @property
+    def tail_packets(self) -> tuple[bytes, ...]:
+        return self.packets[self.speech_end + 1 :]
+
+
+def last_speech_frame(pcm: bytes) -> int:
+    """Index of the last 60 ms frame whose RMS is above SPEECH_RMS."""
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32)
+    count = len(samples) // FRAME_SAMPLES
+    frames = samples[: count * FRAME_SAMPLES].reshape(count, FRAME_SAMPLES)
+    loud = np.flatnonzero(np.sqrt((frames**2).mean(axis=1)) > SPEECH_RMS)
+    return int(loud[-1]) if len(loud) else 0
+
+
+@dataclass
+class Reply:
+    """What the device saw of one answer (monotonic times; payloads if kept)."""
+
+    tts_start: float | None = None
+    tts_stop: float | None = None
+    frames: list[float] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
+
+
+class LightDevice:
+    """One device connection. `connect()`, `hello()`, then stream or idle; `close()`."""
+
+    def __init__(self, ws_url: str, mac: str, *, mcp: bool = True, keep_audio: bool = False) -> None:
+        self.ws_url = ws_url
+        self.mac = mac
+        self.client_id = str(uuid.uuid4())
+        self.keep_audio = keep_audio
+        self.features: dict[str, Any] = {"mcp": True} if mcp else {}
+        self._mcp = DeviceMcpServer.default() if mcp else None
+        if self._mcp is not None:
+            self._mcp.device_id, self._mcp.client_id = mac, self.client_id
+        self.ws: ClientConnection | None = None
+        self.session_id = ""
+        self.closed = asyncio.Event()
+        self.speaking = False
+        self.replies: list[Reply] = []
+        self.sent = 0  # uplink packets
+        self.mcp_answered = 0  # MCP requests of the server answered
+        self.errors: list[str] = []
+        self._hello: asyncio.Future[float] | None = None
+        self._event = asyncio.Event()
+        self._receiver: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- connection ---------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        headers = transport.handshake_headers("", 1, self.mac, self.client_id)
+        self.ws = await transport.open_connection(self.ws_url, headers)
+        self._receiver = asyncio.create_task(self._receive(self.ws))
+
+    def hello_text(self) -> str:
+        audio = {"format": "opus", "sample_rate": RATE, "channels": 1, "frame_duration": 60}
+        return json.dumps({"type": "hello", "version": 1, "features": self.features, "transport": "websocket",
+                           "audio_params": audio}, separators=(",", ":"))
+
+    async def hello(self, timeout: float = 10.0) -> float:
+        """Send the hello; return the round trip to the server hello in seconds."""
+        assert self.ws is not None
+        self._hello = asyncio.get_running_loop().create_future()
+        started = time.perf_counter()
+        await self.ws.send(self.hello_text())
+        await asyncio.wait_for(self._hello, timeout)
+        return time.perf_counter() - started
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            transport.drop(self.ws)  # like the firmware: TCP gone, no close frame
+        for task in [self._receiver, *self._tasks]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*[t for t in [self._receiver, *self._tasks] if t is not None], return_exceptions=True)
+
+    # -- device → server ----------------------------------------------------------------------
+
+    def _message(self, body: str) -> str:
+        return '{"session_id":"' + self.session_id + '",' + body + "}"
+
+    async def listen_start(self, mode: str = "auto") -> None:
+        assert self.ws is not None
+        await self.ws.send(self._message(f'"type":"listen","state":"start","mode":"{mode}"'))
+
+    async def send_packet(self, packet: bytes) -> bool:
+        """One uplink frame (protocol v1: the bare Opus packet); False once the socket is gone."""
+        if self.ws is None or self.closed.is_set():
+            return False
+        try:
+            await self.ws.send(packet)
+        except ConnectionClosed:
+            return False
+        self.sent += 1
+        return True
+
+    async def stream(self, packets: list[bytes] | tuple[bytes, ...], start: float) -> float:
+        """Send packets on the absolute clock start + n x 60 ms (loop time); returns the loop
+        time at which the last one was sent."""
+        loop = asyncio.get_running_loop()
+        sent_at = start
+        for index, packet in enumerate(packets):
+            delay = start + index * FRAME_S - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if not await self.send_packet(packet):
+                break
+            sent_at = loop.time()
+        return sent_at
+
+    async def stream_until(self, packets: list[bytes] | tuple[bytes, ...], start: float, stop: asyncio.Event) -> int:
+        """Keep the mic streaming on the 60 ms clock until `stop` is set: `packets`, then the
+        last of them again and again (DTX silence). Returns the number sent."""
+        loop = asyncio.get_running_loop()
+        index = 0
+        while not stop.is_set() and not self.closed.is_set():
+            delay = start + index * FRAME_S - loop.time()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                    break
+                except TimeoutError:
+                    pass
+            if not await self.send_packet(packets[min(index, len(packets) - 1)]):
+                break
+            index += 1
+        return index
+
+    # -- server → device ----------------------------------------------------------------------
+
+    async def _receive(self, ws: ClientConnection) -> None:
+        try:
+            async for message in ws:
+                now = time.monotonic()
+                if isinstance(message, str):
+                    self._on_text(message, now)
+                elif self.replies and self.speaking:
+                    self.replies[-1].frames.append(now)
+                    if self.keep_audio:
+                        self.replies[-1].payloads.append(bytes(message))
+                self._wake()
+        except ConnectionClosed:
+            pass
+        except Exception as exc:  # noqa: BLE001 - record, never crash the load
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.closed.set()
+            self._wake()
+
+    def _wake(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    def _on_text(self, text: str, now: float) -> None:
+        data = json.loads(text)
+        kind = data.get("type")
+        if kind == "hello":
+            self.session_id = str(data.get("session_id") or "")
+            if self._hello is not None and not self._hello.done():
+                self._hello.set_result(now)
+        elif kind == "tts" and data.get("state") == "start":
+            self.speaking = True
+            self.replies.append(Reply(tts_start=now))
+        elif kind == "tts" and data.get("state") == "stop":
+            self.speaking = False
+            if self.replies:
+                self.replies[-1].tts_stop = now
+        elif kind == "mcp" and self._mcp is not None:
+            task = asyncio.create_task(self._answer_mcp(data.get("payload")))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _answer_mcp(self, payload: Any) -> None:
+        assert self._mcp is not None and self.ws is not None
+        reply = await self._mcp.handle(payload)
+        if reply is not None and not self.closed.is_set():
+            try:
+                await self.ws.send(self._message('"type":"mcp","payload":' + reply))
+                self.mcp_answered += 1
+            except ConnectionClosed:
+                pass
+
+    @property
+    def mcp_pending(self) -> bool:
+        return bool(self._tasks)
+
+    async def wait(self, predicate: Any, timeout: float) -> bool:
+        """Wait until predicate() is true (re-checked on every incoming message)."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.closed.is_set():
+                return bool(predicate())
+            try:
+                await asyncio.wait_for(self._event.wait(), remaining)
+            except TimeoutError:
+                pass
+        return True
+
+
+def playout_end(frames: list[float]) -> float:
+    """When the device's speaker finishes the frames (60 ms each, queued in arrival order)."""
+    end = 0.0
+    for at in frames:
+        end = max(end, at) + FRAME_S
+    return end
+
+
+async def talk(device: LightDevice, utterance: Utterance, timeout: float = 15.0) -> tuple[float, Reply] | None:
+    """One user turn in auto mode, as the firmware does it: `listen start`, the speech in real
+    time, DTX silence until `tts start` (then the mic is off), wait for `tts stop` and the
+    local playout. Returns (loop time the last speech packet was sent, the reply), or None
+    if no reply started within `timeout`."""
+    loop = asyncio.get_running_loop()
+    before = len(device.replies)
+    await device.listen_start()
+    start = loop.time()
+    last_speech = await device.stream(utterance.speech_packets, start)
+    stop = asyncio.Event()
+    tail_start = start + len(utterance.speech_packets) * FRAME_S
+    mic = asyncio.create_task(device.stream_until(utterance.tail_packets, tail_start, stop))
+    answered = await device.wait(lambda: len(device.replies) > before, timeout)
+    stop.set()
+    await mic
+    if not answered:
+        return None
+    reply = device.replies[-1]
+    await device.wait(lambda: reply.tts_stop is not None, max(timeout, 120.0))
+    await asyncio.sleep(max(0.0, playout_end(reply.frames) - time.monotonic()))
+    return last_speech, reply

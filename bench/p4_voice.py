@@ -1,0 +1,147 @@
+"""P4 — local voice-to-voice: end of user speech → first reply audio frame, with
+faster-whisper tiny.en int8 (the real default ASR), an LLM stub with a 200 ms first token
+and espeak-ng TTS; p50 ≤ silence window + 400 ms.
+
+    .venv/bin/python bench/p4_voice.py [--turns 10] [--silence-ms 600]
+
+Starts the real server (daphne) on a fresh SQLite database; the default persona gets asr
+["faster_whisper"], llm ["openai"] pointed at FakeOpenAI (testing/fake_openai.py: a real
+OpenAI-compatible HTTP server streaming "😊 Sure, ..." after 200 ms) and tts ["espeak"]. One
+SimulatedDevice (the firmware model: real-time Opus uplink encoded as the device does,
+downlink decoded through the device's 40-frame queue) asks `--turns` different espeak
+questions in auto mode, after one unmeasured warm-up turn.
+
+Measured on the device: first reply audio frame received − the moment the uplink frame
+holding the last speech sample was sent (speech end, at 60 ms resolution). The persona's
+silence window is part of it by definition: the server cannot know the user stopped before
+that much silence has arrived. Server-side stage timings (ms after the VAD decision) come
+from the stored turns.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from common import BenchServer, fmt, header, md_table, median, percentile, verdict
+from loadgen import last_speech_frame
+
+from devices.simulator.device import SimulatedDevice
+from testing.fake_openai import FakeOpenAI, Reply
+from testing.speech import silence, speak
+
+EXTRA_TARGET_MS = 400.0
+FIRST_TOKEN_S = 0.2
+ANSWER = "😊 Sure, I can help with that. Here is a short answer for you."
+WARM_UP = "hello there"
+QUESTIONS = [
+    "what time is it",
+    "turn on the kitchen light",
+    "what is the weather going to be like tomorrow",
+    "please set the volume to thirty percent",
+    "tell me a joke",
+    "how far is the moon from the earth",
+    "set a timer for ten minutes",
+    "who wrote romeo and juliet",
+    "play some relaxing music",
+    "what is the capital of france",
+    "remind me to call my mother at six",
+    "how many days are there in a leap year",
+]
+
+
+@dataclass
+class Turn:
+    question: str
+    heard: str
+    latency_ms: float | None
+    speech_s: float
+
+
+@dataclass
+class Result:
+    silence_ms: int
+    turns: list[Turn] = field(default_factory=list)
+    timings: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def latencies(self) -> list[float]:
+        return [t.latency_ms for t in self.turns if t.latency_ms is not None]
+
+
+async def ask(device: SimulatedDevice, question: str) -> Turn:
+    speech = speak(question)
+    pcm = silence(16000, 300) + speech
+    uplink_before, mark = len(device.uplink_times), device.mark()
+    await device.run_turn(pcm, timeout=30)
+    heard = device.stt_texts[-1] if device.stt_texts else ""
+    last = last_speech_frame(pcm)
+    first = next((e.t for e in device.events[mark:] if e.kind == "audio" and e.payload.accepted), None)
+    latency = None
+    if first is not None and len(device.uplink_times) > uplink_before + last:
+        latency = (first - device.uplink_times[uplink_before + last]) * 1000
+    await asyncio.sleep(max(0.0, device.speaker.play_end - time.monotonic()) + 0.5)  # relisten
+    return Turn(question, heard, latency, len(speech) / 32000)
+
+
+async def run(bench: BenchServer, args: argparse.Namespace, result: Result) -> None:
+    device = SimulatedDevice(bench.http_url, mac="be:40:00:00:00:01", listen_mode="auto", language="en-US")
+    await device.connect(bench.ws_url, token="")
+    await device.hello()
+    await asyncio.sleep(1.0)  # device MCP handshake
+    try:
+        await ask(device, WARM_UP)  # loads Whisper, imports the openai client: not measured
+        since = bench.last_turn_id()
+        for question in (QUESTIONS * 3)[: args.turns]:
+            result.turns.append(await ask(device, question))
+    finally:
+        await device.close()
+    await asyncio.sleep(1.0)
+    result.timings = bench.turn_timings(since)
+
+
+def report(result: Result) -> None:
+    target = result.silence_ms + EXTRA_TARGET_MS
+    print(header("P4 — local voice-to-voice (end of user speech → first reply audio frame)"))
+    print(f"faster-whisper tiny.en int8 (2 threads) + LLM stub, first token after {FIRST_TOKEN_S * 1000:.0f} ms "
+          f"+ espeak-ng; silence window {result.silence_ms} ms\n")
+    rows = [[t.question, t.heard.strip(), f"{t.speech_s:.2f}", fmt(t.latency_ms if t.latency_ms else float("nan"))]
+            for t in result.turns]
+    print(md_table(["question (espeak)", "server heard", "speech s", "end of speech → first frame ms"], rows,
+                   align="llrr"))
+    lat = result.latencies
+    print()
+    print(md_table(["figure", "p50 ms", "p90 ms", "max ms"], [
+        ["end of speech → first reply frame (device)", fmt(median(lat)), fmt(percentile(lat, 0.9)),
+         fmt(max(lat, default=float("nan")))],
+        ["  minus the silence window", fmt(median(lat) - result.silence_ms),
+         fmt(percentile(lat, 0.9) - result.silence_ms), fmt(max(lat, default=float("nan")) - result.silence_ms)],
+        *[[f"server: VAD decision → {key}", fmt(median(v)), fmt(percentile(v, 0.9)), fmt(max(v, default=float("nan")))]
+          for key in ("asr_done", "llm_first_token", "tts_first_audio", "first_frame_sent")
+          if (v := [t[key] for t in result.timings if key in t])],
+    ]))  # fmt: skip
+    print()
+    p50 = median(lat)
+    ok = bool(lat) and len(lat) == len(result.turns) and p50 <= target
+    print(verdict(f"P4 p50 ≤ silence window + {EXTRA_TARGET_MS:g} ms = {target:g} ms", ok,
+                  f"p50 {fmt(p50)} ms over {len(lat)} turns"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="P4: local voice-to-voice latency")
+    parser.add_argument("--turns", type=int, default=10, help="measured questions (after one warm-up)")
+    parser.add_argument("--silence-ms", type=int, default=600, help="the persona's vad_min_silence_ms")
+    args = parser.parse_args()
+    persona = {"asr_providers": ["faster_whisper"], "llm_providers": ["openai"], "tts_providers": ["espeak"],
+               "language": "en", "greeting": "", "exit_phrases": [], "vad_min_silence_ms": args.silence_ms}
+    result = Result(args.silence_ms)
+    with FakeOpenAI(default=Reply(text=ANSWER, first_token_delay=FIRST_TOKEN_S)) as fake:
+        env = {"LLM_BASE_URL": fake.base_url, "LLM_MODEL": "fake-model"}
+        with BenchServer(persona=persona, env=env, prefix="p4-") as bench:
+            asyncio.run(run(bench, args, result))
+    report(result)
+
+
+if __name__ == "__main__":
+    main()
