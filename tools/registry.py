@@ -154,6 +154,27 @@ def compile_validator(schema: dict, tool: str) -> Validator | None:
     source will still check its own arguments.
     """
     try:
+        key = json.dumps(schema, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        key = None
+    if key is not None and key in _validators:
+        return _validators[key]
+    validator = _compile(schema, tool)
+    if key is not None:
+        # Every device of a firmware lists the same schemas: checking them costs 15-20 ms of
+        # event-loop time per connecting device, so each distinct schema is compiled once.
+        if len(_validators) >= _MAX_CACHED_VALIDATORS:
+            _validators.pop(next(iter(_validators)))
+        _validators[key] = validator
+    return validator
+
+
+_MAX_CACHED_VALIDATORS = 2048
+_validators: dict[str, Validator | None] = {}
+
+
+def _compile(schema: dict, tool: str) -> Validator | None:
+    try:
         cls = validator_for(schema, default=Draft202012Validator)
         cls.check_schema(schema)
         return cls(schema)

@@ -486,3 +486,13 @@ async def test_removing_a_colliding_source_gives_the_plain_name_back() -> None:
     toolset.remove_source(server)
     assert names_of(toolset) == ["get_weather"]
     assert (await toolset.call("get_weather", "{}")).source == "client"
+
+
+def test_identical_schemas_are_compiled_once() -> None:
+    from tools.registry import compile_validator
+
+    schema = {"type": "object", "properties": {"volume": {"type": "integer", "minimum": 0}}}
+    first = compile_validator(schema, "a")
+    assert first is not None
+    assert compile_validator(dict(schema), "b") is first
+    assert compile_validator({"type": "object"}, "c") is not first
