@@ -13,8 +13,6 @@ deprecated HTTP+SSE transport, which only speaks the `initialize` handshake).
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,6 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tools.errors import ToolError
+from tools.mcp.content import decoded_size
 from tools.registry import ToolSpec, empty_schema
 
 logger = logging.getLogger(__name__)
@@ -190,7 +189,7 @@ def content_item_text(item: Any) -> str:
     if kind == "text":
         return item.text
     if kind in ("image", "audio"):
-        return f"[{kind} {item.mime_type}, {_decoded_size(item.data)} bytes]"
+        return f"[{kind} {item.mime_type}, {decoded_size(item.data)} bytes]"
     if kind == "resource":
         text = getattr(item.resource, "text", None)
         return text if isinstance(text, str) else f"[resource {item.resource.uri}]"
@@ -198,9 +197,3 @@ def content_item_text(item: Any) -> str:
         return f"[resource link {item.uri}]"
     return f"[{kind} content]"
 
-
-def _decoded_size(data: str) -> int:
-    try:
-        return len(base64.b64decode(data, validate=False))
-    except (binascii.Error, ValueError):
-        return len(data) * 3 // 4

@@ -16,14 +16,13 @@ Firmware facts this client is built around (protocol-reference ยง5, gotchas 18โ€
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tools.errors import ToolError
+from tools.mcp.content import decoded_size
 from tools.registry import ToolSpec, empty_schema
 
 logger = logging.getLogger(__name__)
@@ -333,11 +332,5 @@ def image_summary(item: dict) -> str:
         inner = {}
     mime = inner.get("mimeType") or "unknown"
     data = inner.get("data")
-    return f"[image {mime}, {_decoded_size(data if isinstance(data, str) else '')} bytes]"
+    return f"[image {mime}, {decoded_size(data if isinstance(data, str) else '')} bytes]"
 
-
-def _decoded_size(data: str) -> int:
-    try:
-        return len(base64.b64decode(data, validate=False))
-    except (binascii.Error, ValueError):
-        return len(data) * 3 // 4

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from mcp.server.mcpserver import MCPServer
 
 from tools.errors import ToolError
 from tools.mcp.client import McpToolSource, RemoteMcpServer, call_result_text
+from testing.server import free_port
 from tools.registry import ToolSpec, Toolset
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(100)
@@ -97,12 +97,6 @@ class RecordHeaders:
         if scope["type"] == "http":
             self.seen.append({k.decode().lower(): v.decode() for k, v in scope["headers"]})
         await self.app(scope, receive, send)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
