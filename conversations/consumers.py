@@ -26,7 +26,13 @@ from conversations.pipeline.config import SessionConfig
 from conversations.pipeline.contracts import EngineContext, VoiceEngine
 from conversations.pipeline.engine import VoiceEngine as FullVoiceEngine
 from conversations.pipeline.session import CloseCode, VoiceSession
-from conversations.selectors import header_value, persona_for_device, request_base_url, session_config_for
+from conversations.selectors import (
+    header_value,
+    persona_for_device,
+    request_base_url,
+    scope_client_address,
+    session_config_for,
+)
 from conversations.services import DbSessionHooks
 from devices.auth import DeviceAuthResult, device_authenticate
 from devices.models import device_group_name
@@ -97,7 +103,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
 
     async def _start(self, device_pk: int, config: SessionConfig, persona_id: int | None) -> None:
         hooks = DbSessionHooks(device_id=device_pk, persona_id=persona_id,
-                               client_address=_client_address(self.scope))
+                               client_address=scope_client_address(self.scope))
         self.session = VoiceSession(self, config, hooks, self.engine_factory,
                                     protocol_header=header_value(self.scope, b"protocol-version") or None,
                                     touch_interval=TOUCH_INTERVAL_SECONDS)
@@ -223,8 +229,3 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.send(reply_channel, result)
         except Exception:
             logger.warning("device command result could not be delivered", exc_info=True)
-
-
-def _client_address(scope: dict[str, Any]) -> str:
-    client = scope.get("client")
-    return str(client[0]) if isinstance(client, (list, tuple)) and client else ""

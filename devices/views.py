@@ -199,12 +199,19 @@ def json_body(spec: type[BaseModel]) -> Callable[[View], View]:
 
 
 def client_address(request: HttpRequest) -> str | None:
-    # X-Forwarded-For is client-controlled: only the entries appended by our own proxies
-    # (XIAOZHI_TRUSTED_PROXY_COUNT of them, counted from the right) can be believed.
-    address = request.META.get("REMOTE_ADDR", "")
+    return trusted_client_address(request.META.get("REMOTE_ADDR", ""), request.META.get("HTTP_X_FORWARDED_FOR", ""))
+
+
+def trusted_client_address(remote: str, forwarded_for: str) -> str | None:
+    """The client's IP for HTTP requests and WebSocket scopes alike.
+
+    X-Forwarded-For is client-controlled: only the entries appended by our own proxies
+    (XIAOZHI_TRUSTED_PROXY_COUNT of them, counted from the right) can be believed.
+    """
+    address = remote
     proxies = settings.XIAOZHI_TRUSTED_PROXY_COUNT
     if proxies:
-        forwarded = [part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if part.strip()]
+        forwarded = [part.strip() for part in forwarded_for.split(",") if part.strip()]
         if len(forwarded) >= proxies:
             address = forwarded[-proxies]
     try:

@@ -26,6 +26,7 @@ from conversations.gateway.session import GatewaySession
 from conversations.gateway.store import SessionStore
 from conversations.providers.base import LLM
 from conversations.providers.registry import build
+from conversations.selectors import scope_client_address
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         try:
             llm = PROCESS.acquire()
             characters = await database_sync_to_async(gateway_characters)()
-            hooks = _HistoryHooks(_client_address(self.scope))
+            hooks = _HistoryHooks(scope_client_address(self.scope))
             self.session = GatewaySession(self, gateway_config(characters), PROCESS.store, llm, hooks)
             await self.session.start()
         except Exception:
@@ -185,9 +186,3 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def send_text(self, text: str) -> None:
         """Transport for the session."""
         await self.send(text_data=text)
-
-
-def _client_address(scope: dict[str, Any]) -> str:
-    client = scope.get("client") or ("", 0)
-    return f"{client[0]}:{client[1]}" if client[0] else ""
-

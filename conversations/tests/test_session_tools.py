@@ -37,3 +37,4 @@ async def test_the_personas_mcp_tools_are_offered_and_called(mcp_http) -> None: 
     assert {spec.origin for spec in mcp_specs} == {"demo"}
     record = await toolset.call(toolset.llm_name("mcp", "add"), {"a": 20, "b": 22})
     assert record.success and record.result == "42"
+
