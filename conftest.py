@@ -96,3 +96,31 @@ def asgi_server_factory(transactional_db: None) -> Iterator:
 @pytest.fixture
 def asgi_server(asgi_server_factory):  # noqa: ANN001, ANN201
     return asgi_server_factory()
+
+
+@pytest.fixture
+def browser_factory(tmp_path) -> Iterator:  # noqa: ANN001
+    """`browser_factory(base_url, language="zh-CN", width=390)` → a headless Chromium
+    (testing/browser.py); screenshots go to `<tmp_path>/screenshots`. Quit after the test."""
+    from testing.browser import HOW_TO_INSTALL, Browser, chromium_available
+
+    if not chromium_available():
+        pytest.skip(HOW_TO_INSTALL)
+    browsers: list[Browser] = []
+
+    def make(base_url: str, **options: object) -> Browser:
+        browser = Browser(base_url, tmp_path / "screenshots", **options)  # type: ignore[arg-type]
+        browsers.append(browser)
+        return browser
+
+    yield make
+    for browser in browsers:
+        browser.close()
+
+
+@pytest.fixture
+def staff_user(transactional_db: None):  # noqa: ANN201
+    """A superuser `alice` / `alice-password` in the committed test database."""
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_superuser("alice", "alice@example.com", "alice-password")

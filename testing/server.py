@@ -13,6 +13,18 @@ from pathlib import Path
 from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+_static_collected: set[str] = set()  # data dirs whose static files this process collected
+
+
+def collect_static(env: dict[str, str]) -> None:
+    """`collectstatic` once per data dir and test process, so pages served by the child
+    have their CSS and scripts (whitenoise serves STATIC_ROOT, as in production)."""
+    data_dir = env.get("XIAOZHI_DATA_DIR", str(BASE_DIR / "var"))
+    if data_dir in _static_collected:
+        return
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+                   cwd=BASE_DIR, env=env, check=True)
+    _static_collected.add(data_dir)
 
 
 def _die_with_parent() -> None:
@@ -65,6 +77,7 @@ class AsgiServer:
 
     def start(self, timeout: float = 30.0) -> AsgiServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        collect_static(self.env)
         log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
         self.process = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
