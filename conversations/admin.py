@@ -2,7 +2,9 @@
 
 Provider lists are edited as ordered, comma-separated kinds checked against the provider
 registry, so a persona can never name a provider the code does not know. History is
-read-only: it is evidence, edited by nobody.
+read-only: it is evidence, edited by nobody. A conversation opens as a chat page
+(templates/admin/conversations/conversation/review.html, data from conversations/review.py)
+with its audio served by conversations/audio_views.py and a JSON export beside it.
 """
 from __future__ import annotations
 
@@ -12,10 +14,8 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseNotAllowed, JsonResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -24,11 +24,21 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from conversations.admin_filters import (
+    HAS_ERROR,
+    INTERRUPTED,
+    DeviceFilter,
+    EmotionFilter,
+    HasErrorsFilter,
+    InterruptedFilter,
+    OwnerFilter,
+    TurnsFilter,
+    count_turns,
+)
 from conversations.audio_views import turn_audio
 from conversations.models import Conversation, Persona, Turn
 from conversations.providers import registry
 from conversations.review import (
-    EMOTION_EMOJI,
     TURNS_PER_PAGE,
     conversation_export,
     conversation_title,
@@ -138,124 +148,11 @@ class PersonaAdmin(admin.ModelAdmin):
         return " / ".join(" → ".join(kinds or []) for kinds in stages)
 
 
-
 # --- Conversation review ------------------------------------------------------------------------
 
 
 def _short(text: str) -> str:
     return text if len(text) <= _TRUNCATE else text[: _TRUNCATE - 1] + "…"
-
-
-def _turn_count(condition: Q | None = None) -> Coalesce:
-    """Turns of the outer conversation matching `condition`, as a correlated subquery: the
-    database evaluates it only for the rows on the page (an annotated Count would aggregate
-    the whole join first)."""
-    turns = Turn.objects.filter(conversation=OuterRef("pk"))
-    if condition is not None:
-        turns = turns.filter(condition)
-    counted = turns.order_by().values("conversation").annotate(n=Count("pk")).values("n")
-    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
-
-
-def _has_turns(condition: Q | None = None) -> Exists:
-    turns = Turn.objects.filter(conversation=OuterRef("pk"))
-    return Exists(turns.filter(condition) if condition is not None else turns)
-
-
-HAS_ERROR = ~Q(error="")
-INTERRUPTED = Q(interrupted=True)
-
-
-class TurnsFilter(admin.SimpleListFilter):
-    """Conversations nobody spoke in are noise: hidden unless asked for."""
-
-    title = _("turns")
-    parameter_name = "turns"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, Any]]:
-        return [("empty", _("Without turns")), ("all", _("All"))]
-
-    def choices(self, changelist: Any) -> Any:
-        yield {"selected": self.value() is None, "display": _("With turns"),
-               "query_string": changelist.get_query_string(remove=[self.parameter_name])}
-        for lookup, title in self.lookup_choices:
-            yield {"selected": self.value() == lookup, "display": title,
-                   "query_string": changelist.get_query_string({self.parameter_name: lookup})}
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        if self.value() == "all":
-            return queryset
-        if self.value() == "empty":
-            return queryset.filter(~_has_turns())
-        return queryset.filter(_has_turns())
-
-
-class TurnConditionFilter(admin.SimpleListFilter):
-    condition: Q
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, Any]]:
-        return [("yes", _("Yes")), ("no", _("No"))]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        if self.value() == "yes":
-            return queryset.filter(_has_turns(self.condition))
-        if self.value() == "no":
-            return queryset.filter(~_has_turns(self.condition))
-        return queryset
-
-
-class HasErrorsFilter(TurnConditionFilter):
-    title = _("has errors")
-    parameter_name = "errors"
-    condition = HAS_ERROR
-
-
-class InterruptedFilter(TurnConditionFilter):
-    title = _("interrupted")
-    parameter_name = "interrupted"
-    condition = INTERRUPTED
-
-
-class DeviceFilter(admin.SimpleListFilter):
-    """By device, without listing thousands of devices: the device page links here with
-    `?device=<pk>`, and the search box finds devices by MAC or name."""
-
-    title = _("device")
-    parameter_name = "device"
-    field = "device"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, Any]]:
-        value = self.value()
-        device = Device.objects.filter(pk=value).first() if value and value.isdigit() else None
-        return [(str(device.pk), str(device))] if device else []
-
-    def has_output(self) -> bool:
-        return True  # always show "All", so a chosen device can be cleared
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        value = self.value()
-        if value is None:
-            return queryset
-        return queryset.filter(**{f"{self.field}_id": int(value)}) if value.isdigit() else queryset.none()
-
-
-class OwnerFilter(admin.SimpleListFilter):
-    """Owners of devices (at most the first 50 by name; the device filter covers the rest)."""
-
-    title = _("owner")
-    parameter_name = "owner"
-    field = "device__owner"
-    MAX_CHOICES = 50
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, Any]]:
-        users = get_user_model().objects.filter(Exists(Device.objects.filter(owner=OuterRef("pk"))))
-        return [(str(user.pk), str(user)) for user in users.order_by("username")[: self.MAX_CHOICES]]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        value = self.value()
-        if value is None:
-            return queryset
-        return queryset.filter(**{f"{self.field}_id": int(value)}) if value.isdigit() else queryset.none()
 
 
 @admin.register(Conversation)
@@ -277,8 +174,8 @@ class ConversationAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
         return super().get_queryset(request).select_related("device__owner", "persona").annotate(
-            turn_count=_turn_count(), error_count=_turn_count(HAS_ERROR),
-            interrupted_count=_turn_count(INTERRUPTED),
+            turn_count=count_turns(), error_count=count_turns(HAS_ERROR),
+            interrupted_count=count_turns(INTERRUPTED),
         )
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
@@ -351,7 +248,10 @@ class ConversationAdmin(admin.ModelAdmin):
         conversation = self._viewable(request, object_id)
         if conversation is None:
             return HttpResponse(status=404)
-        absolute = lambda turn_id, track: request.build_absolute_uri(_audio_url(turn_id, track))  # noqa: E731
+
+        def absolute(turn_id: int, track: str) -> str:
+            return request.build_absolute_uri(_audio_url(turn_id, track))
+
         response = JsonResponse(conversation_export(conversation, absolute),
                                 json_dumps_params={"ensure_ascii": False, "indent": 2})
         response["Content-Disposition"] = f'attachment; filename="conversation-{conversation.pk}.json"'
@@ -366,19 +266,6 @@ class ConversationAdmin(admin.ModelAdmin):
 
 def _audio_url(turn_id: int, track: str) -> str:
     return reverse("admin:conversations_turn_audio", args=[turn_id, track])
-
-
-class EmotionFilter(admin.SimpleListFilter):
-    """The firmware's emotion names (a DISTINCT over every turn would scan the table)."""
-
-    title = _("emotion")
-    parameter_name = "emotion"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, Any]]:
-        return [(emotion, f"{emoji} {emotion}") for emotion, emoji in sorted(EMOTION_EMOJI.items())]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        return queryset.filter(emotion=self.value()) if self.value() else queryset
 
 
 @admin.register(Turn)
@@ -416,7 +303,7 @@ class TurnAdmin(admin.ModelAdmin):
         before = Turn.objects.filter(conversation_id=turn.conversation_id, index__lt=turn.index).count()
         return redirect(f"{url}?page={before // TURNS_PER_PAGE + 1}#turn-{turn.index}")
 
-    @admin.display(description=_("device"), ordering="conversation__device")
+    @admin.display(description=_("device"))
     def device(self, turn: Turn) -> Any:
         return turn.conversation.device or "—"
 

@@ -23,7 +23,6 @@ STAGES = ("asr", "llm", "tts")
 MAX_ATTEMPTS_PER_STAGE = 50  # one turn's row stays small whatever a broken provider does
 MAX_ERROR_CHARS = 120
 UPLINK_RATE = 16000  # the firmware's uplink Opus rate
-FRAME_MS = 60  # the firmware's frame duration, both ways
 
 
 @dataclass

@@ -26,7 +26,7 @@ CONVERSATION_BATCH = 100  # each one takes its turns (and their files) along
 @dataclass(frozen=True)
 class RetentionResult:
     audio_turns: int = 0  # turns whose audio was removed (the turns stay)
-    audio_files: int = 0  # files deleted from storage, both passes
+    audio_files: int = 0  # files removed (with deleted conversations: by the turn delete signal)
     conversations: int = 0
     turns: int = 0  # turns deleted with their conversations
 
