@@ -1,6 +1,8 @@
 """The review page in a real browser: an operator opens a conversation and plays its audio."""
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,10 @@ def test_an_operator_plays_the_reply_audio_of_a_turn(asgi_server_factory: Any, b
     saved = turn_audio_save(turn_id=conversation.turns.get(index=0).pk, audio=turn_audio())
     assert saved.user and saved.reply
     server = asgi_server_factory(XIAOZHI_MEDIA_ROOT=str(media))
+    for path in (f"/media/{saved.reply}", f"/{saved.reply}"):  # files are not reachable by URL
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(server.http_url + path, timeout=10)
+        assert refused.value.code == 404
 
     browser = browser_factory(server.http_url)
     browser.login("alice", "alice-password")
@@ -54,6 +60,7 @@ def test_an_operator_plays_the_reply_audio_of_a_turn(asgi_server_factory: Any, b
     assert "1 conversation" in browser.text() and "what is the weather" in browser.text()
     browser.screenshot("device-page")
 
-    browser.set_size(390, 1600)  # a phone
+    browser.set_size(390, 1600)  # a phone, in the admin's dark theme
     browser.open(f"/admin/conversations/conversation/{conversation.pk}/change/")
-    browser.screenshot("conversation-page-phone")
+    browser.js("document.documentElement.dataset.theme = 'dark'")
+    browser.screenshot("conversation-page-phone-dark")
