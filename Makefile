@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
-APT_PACKAGES := libopus0 espeak-ng gettext chromium chromium-driver
+APT_PACKAGES := libopus0 espeak-ng gettext chromium chromium-driver fonts-noto-color-emoji
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-fast system-deps deps bench clean

@@ -2,7 +2,9 @@
 
 Provider lists are edited as ordered, comma-separated kinds checked against the provider
 registry, so a persona can never name a provider the code does not know. History is
-read-only: it is evidence, edited by nobody.
+read-only: it is evidence, edited by nobody. A conversation opens as a chat page
+(templates/admin/conversations/conversation/review.html, data from conversations/review.py)
+with its audio served by conversations/audio_views.py and a JSON export beside it.
 """
 from __future__ import annotations
 
@@ -11,12 +13,39 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
-from django.db.models import Count, QuerySet
-from django.http import HttpRequest
-from django.utils.html import format_html, format_html_join
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseNotAllowed, JsonResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
+from conversations.admin_filters import (
+    HAS_ERROR,
+    INTERRUPTED,
+    DeviceFilter,
+    EmotionFilter,
+    HasErrorsFilter,
+    InterruptedFilter,
+    OwnerFilter,
+    TurnsFilter,
+    count_turns,
+)
+from conversations.audio_views import turn_audio
 from conversations.models import Conversation, Persona, Turn
 from conversations.providers import registry
+from conversations.review import (
+    TURNS_PER_PAGE,
+    conversation_export,
+    conversation_title,
+    conversation_turns_page,
+)
+from devices.auth import normalize_mac
+from devices.models import Device
 from tools.builtin import BUILTIN_TOOLS
 
 _TRUNCATE = 80
@@ -109,6 +138,7 @@ class PersonaAdmin(admin.ModelAdmin):
             "vad_threshold", "vad_threshold_low", "vad_min_silence_ms",
         )}),
         ("Tools", {"fields": ("server_tools", "mcp_servers", "device_tools_enabled", "device_tool_exclusions")}),
+        (_("Conversation review"), {"fields": ("record_audio",)}),
         ("Record", {"classes": ("collapse",), "fields": ("created_at", "updated_at")}),
     )
 
@@ -118,64 +148,69 @@ class PersonaAdmin(admin.ModelAdmin):
         return " / ".join(" → ".join(kinds or []) for kinds in stages)
 
 
+# --- Conversation review ------------------------------------------------------------------------
+
+
 def _short(text: str) -> str:
     return text if len(text) <= _TRUNCATE else text[: _TRUNCATE - 1] + "…"
 
 
-class TurnInline(admin.TabularInline):
-    model = Turn
-    extra = 0
-    can_delete = False
-    show_change_link = False
-    fields = ("index", "user_text", "reply_text", "emotion", "tools", "stage_providers", "stage_timings",
-              "interrupted", "error", "audio")
-    readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    @admin.display(description="tool calls")
-    def tools(self, turn: Turn) -> str:
-        calls = turn.tool_calls or []
-        return format_html_join(
-            "\n", "<div>{} {} <small>{} ms</small></div>",
-            ((("✔" if c.get("success") else "✘"), c.get("name", "?"), c.get("duration_ms", "")) for c in calls),
-        ) or "—"
-
-    @admin.display(description="providers")
-    def stage_providers(self, turn: Turn) -> str:
-        return ", ".join(f"{stage}: {kind}" for stage, kind in (turn.providers or {}).items()) or "—"
-
-    @admin.display(description="timings (ms after speech end)")
-    def stage_timings(self, turn: Turn) -> str:
-        return ", ".join(f"{key} {value:g}" for key, value in (turn.timings or {}).items()) or "—"
-
-    @admin.display(description="user audio")
-    def audio(self, turn: Turn) -> str:
-        if not turn.user_audio:
-            return "—"
-        return format_html('<audio controls preload="none" src="{}"></audio>', turn.user_audio.url)
-
-
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
-    list_display = ("started_at", "source", "device", "persona", "turn_count", "ended_at", "session_id")
-    list_filter = ("source", ("device", admin.RelatedOnlyFieldListFilter), "persona")
-    search_fields = ("session_id", "device__mac", "device__name")
-    list_select_related = ("device", "persona")
-    date_hierarchy = "started_at"
-    inlines = (TurnInline,)
-    readonly_fields = ("session_id", "source", "device", "persona", "client_address", "started_at", "ended_at")
+    """Read-only review: the list finds conversations, the page reads each one like a chat."""
+
+    list_display = ("conversation", "turn_count", "issues", "source")
+    list_display_links = ("conversation",)
+    list_filter = (TurnsFilter, "source", ("started_at", admin.DateFieldListFilter), OwnerFilter, DeviceFilter,
+                   "persona", HasErrorsFilter, InterruptedFilter)
+    search_fields = ("session_id", "device__mac", "device__name", "turns__user_text", "turns__reply_text")
+    search_help_text = _("Searches what was said and replied, device names and MACs, session ids.")
+    list_per_page = 50
+    show_full_result_count = False  # one count of the filtered list is enough
+    review_template = "admin/conversations/conversation/review.html"
+
+    class Media:
+        css = {"all": ("conversations/review.css",)}  # the list's issue marks
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
-        return super().get_queryset(request).annotate(turn_count=Count("turns"))
+        return super().get_queryset(request).select_related("device__owner", "persona").annotate(
+            turn_count=count_turns(), error_count=count_turns(HAS_ERROR),
+            interrupted_count=count_turns(INTERRUPTED),
+        )
 
-    @admin.display(description="turns", ordering="turn_count")
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+        """The whole term as one phrase, in what was said or replied (trigram-indexed on
+        PostgreSQL), in device names and MACs (as printed on labels), or a session id.
+        Each part is its own indexed query: one OR across joined tables would scan."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        mac = normalize_mac(term)
+        devices = Device.objects.filter(Q(name__icontains=term) | (Q(mac=mac) if mac else Q(mac__icontains=term)))
+        said = Turn.objects.filter(Q(user_text__icontains=term) | Q(reply_text__icontains=term))
+        matches = Q(pk__in=said.values("conversation_id")) | Q(device__in=devices.values("pk")) | Q(session_id=term)
+        return queryset.filter(matches), False
+
+    @admin.display(description=_("conversation"), ordering="started_at")
+    def conversation(self, conversation: Conversation) -> str:
+        return conversation_title(conversation)
+
+    @admin.display(description=_("turns"))  # not sortable: that would count every conversation's turns
     def turn_count(self, conversation: Conversation) -> int:
         return getattr(conversation, "turn_count", 0)
+
+    @admin.display(description=_("issues"))
+    def issues(self, conversation: Conversation) -> str:
+        errors = getattr(conversation, "error_count", 0)
+        interrupted = getattr(conversation, "interrupted_count", 0)
+        parts = []
+        if errors:
+            text = ngettext("%(count)d error", "%(count)d errors", errors) % {"count": errors}
+            parts.append(format_html('<span class="xz-issue xz-issue-error">{}</span>', text))
+        if interrupted:
+            text = ngettext("%(count)d interrupted", "%(count)d interrupted", interrupted) % {"count": interrupted}
+            parts.append(format_html('<span class="xz-issue">{}</span>', text))
+        return format_html(" ".join(["{}"] * len(parts)), *parts) if parts else "—"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -183,33 +218,106 @@ class ConversationAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view
+        return [
+            path("audio/<int:turn_id>/<str:track>/", view(turn_audio), name="conversations_turn_audio"),
+            path("<path:object_id>/export/", view(self.export_view), name="conversations_conversation_export"),
+            *super().get_urls(),
+        ]
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponseBase:
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponseNotAllowed(["GET", "HEAD"])
+        conversation = self._viewable(request, object_id)
+        if conversation is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        page, turns = conversation_turns_page(conversation, request.GET.get("page"), _audio_url)
+        title = conversation_title(conversation, getattr(conversation, "turn_count", page.paginator.count))
+        context = {
+            **self.admin_site.each_context(request), "opts": self.opts, "title": title,
+            "subtitle": None, "conversation": conversation, "original": conversation, "page": page,
+            "turns": turns, "has_delete_permission": self.has_delete_permission(request, conversation),
+            "export_url": reverse("admin:conversations_conversation_export", args=[conversation.pk]),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, self.review_template, context)
+
+    def export_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        conversation = self._viewable(request, object_id)
+        if conversation is None:
+            return HttpResponse(status=404)
+
+        def absolute(turn_id: int, track: str) -> str:
+            return request.build_absolute_uri(_audio_url(turn_id, track))
+
+        response = JsonResponse(conversation_export(conversation, absolute),
+                                json_dumps_params={"ensure_ascii": False, "indent": 2})
+        response["Content-Disposition"] = f'attachment; filename="conversation-{conversation.pk}.json"'
+        return response
+
+    def _viewable(self, request: HttpRequest, object_id: str) -> Conversation | None:
+        conversation = self.get_object(request, unquote(object_id))
+        if conversation is not None and not self.has_view_permission(request, conversation):
+            raise PermissionDenied
+        return conversation
+
+
+def _audio_url(turn_id: int, track: str) -> str:
+    return reverse("admin:conversations_turn_audio", args=[turn_id, track])
+
 
 @admin.register(Turn)
 class TurnAdmin(admin.ModelAdmin):
-    """All turns across conversations, for searching what people asked."""
+    """Every turn across conversations, newest first, for finding what people asked; a turn
+    opens in its conversation's page."""
 
-    list_display = ("created_at", "device", "said", "replied", "emotion", "interrupted", "error")
-    list_filter = ("conversation__source", ("conversation__device", admin.RelatedOnlyFieldListFilter),
-                   "interrupted", "emotion")
-    search_fields = ("user_text", "reply_text", "conversation__session_id")
+    list_display = ("created_at", "device", "said", "replied", "emotion", "interrupted", "has_error")
+    list_filter = (("created_at", admin.DateFieldListFilter), "conversation__source", "interrupted", EmotionFilter)
+    search_fields = ("user_text", "reply_text")
+    search_help_text = _("Searches what was said and replied (the whole text as one phrase).")
     list_select_related = ("conversation__device",)
-    date_hierarchy = "created_at"
+    ordering = ("-created_at",)
+    list_per_page = 50
+    show_full_result_count = False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Turn]:
         # The list shows two short texts; the JSON blobs stay in the database until opened.
-        return super().get_queryset(request).defer("tool_calls", "timings", "providers")
+        return super().get_queryset(request).defer("tool_calls", "timings", "providers", "provider_attempts")
 
-    @admin.display(description="device", ordering="conversation__device")
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        return queryset.filter(Q(user_text__icontains=term) | Q(reply_text__icontains=term)), False
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponseBase:
+        turn = self.get_object(request, unquote(object_id))
+        if turn is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_view_permission(request, turn):
+            raise PermissionDenied
+        url = reverse("admin:conversations_conversation_change", args=[turn.conversation_id])
+        before = Turn.objects.filter(conversation_id=turn.conversation_id, index__lt=turn.index).count()
+        return redirect(f"{url}?page={before // TURNS_PER_PAGE + 1}#turn-{turn.index}")
+
+    @admin.display(description=_("device"))
     def device(self, turn: Turn) -> Any:
-        return turn.conversation.device
+        return turn.conversation.device or "—"
 
-    @admin.display(description="user said")
+    @admin.display(description=_("user said"))
     def said(self, turn: Turn) -> str:
         return _short(turn.user_text)
 
-    @admin.display(description="reply")
+    @admin.display(description=_("reply"))
     def replied(self, turn: Turn) -> str:
         return _short(turn.reply_text)
+
+    @admin.display(description=_("error"), boolean=True)
+    def has_error(self, turn: Turn) -> bool:
+        return bool(turn.error)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

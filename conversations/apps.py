@@ -15,6 +15,8 @@ class ConversationsConfig(AppConfig):
     name = "conversations"
 
     def ready(self) -> None:
+        from conversations import recording  # noqa: F401, PLC0415 - connects the file-deleting signal
+
         load_provider_plugins(getattr(settings, "XIAOZHI_PROVIDER_PLUGINS", []))
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
 
 from conversations.providers import registry
 
@@ -67,6 +69,11 @@ class Persona(models.Model):
     device_tools_enabled = models.BooleanField(default=True)
     device_tool_exclusions = models.JSONField(default=list, blank=True)
 
+    record_audio = models.BooleanField(
+        _("record audio"), default=True,
+        help_text=_("Keep the audio of this persona's turns for review (as far as XIAOZHI_RECORDING allows)."),
+    )
+
     is_default = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -80,6 +87,10 @@ class Persona(models.Model):
     @staticmethod
     def provider_choices(stage: str) -> list[tuple[str, str]]:
         return registry.choices(stage)
+
+
+AUDIO_UPLOAD_TO = "turns/%Y/%m/%d/"
+HAS_AUDIO = ~Q(user_audio="") | ~Q(reply_audio="")
 
 
 class Conversation(models.Model):
@@ -99,6 +110,11 @@ class Conversation(models.Model):
 
     class Meta:
         ordering = ["-started_at"]
+        indexes = [
+            # The review list is newest first, overall and per device (the device page's link).
+            models.Index(fields=["-started_at"], name="conversation_started"),
+            models.Index(fields=["device", "-started_at"], name="conversation_device_started"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.get_source_display()} {self.session_id}"
@@ -112,16 +128,33 @@ class Turn(models.Model):
     emotion = models.CharField(max_length=20, blank=True)
     tool_calls = models.JSONField(default=list, blank=True)
     providers = models.JSONField(default=dict, blank=True, help_text="Provider used at each stage.")
+    # Every provider tried per stage, in order, failures included (conversations/capture.py):
+    # {"tts": [{"kind": "edge", "ok": false, "error": "ClientConnectorDNSError", "ms": 12.0},
+    #          {"kind": "espeak", "ok": true, "ms": 15.0}]}
+    provider_attempts = models.JSONField(_("provider attempts"), default=dict, blank=True)
     timings = models.JSONField(default=dict, blank=True, help_text="Milliseconds since speech end, per stage.")
     interrupted = models.BooleanField(default=False)
     error = models.CharField(max_length=200, blank=True)
-    user_audio = models.FileField(upload_to="turns/%Y/%m/%d/", blank=True)
+    # Ogg/Opus files in STORAGES["default"], written after the turn (conversations/recording.py)
+    # and served only through the staff audio view; durations in milliseconds.
+    user_audio = models.FileField(_("user audio"), upload_to=AUDIO_UPLOAD_TO, blank=True)
+    reply_audio = models.FileField(_("reply audio"), upload_to=AUDIO_UPLOAD_TO, blank=True)
+    user_audio_ms = models.PositiveIntegerField(_("user audio duration (ms)"), null=True, blank=True)
+    reply_audio_ms = models.PositiveIntegerField(_("reply audio duration (ms)"), null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["conversation", "index"]
         constraints = [
             models.UniqueConstraint(fields=["conversation", "index"], name="unique_turn_index"),
+        ]
+        indexes = [
+            models.Index(fields=["-created_at"], name="turn_created"),
+            # Small partial indexes: the review filters ("has errors", "interrupted") and the
+            # audio retention sweep touch only the few rows that match.
+            models.Index(fields=["conversation"], condition=~Q(error=""), name="turn_with_error"),
+            models.Index(fields=["conversation"], condition=Q(interrupted=True), name="turn_interrupted"),
+            models.Index(fields=["created_at"], condition=HAS_AUDIO, name="turn_with_audio"),
         ]
 
     def __str__(self) -> str:

@@ -13,6 +13,7 @@ from django.template.response import TemplateResponse
 from django.template.defaultfilters import filesizeformat
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from devices.admin_actions import (
     alert_devices,
@@ -21,6 +22,7 @@ from devices.admin_actions import (
     reboot_devices,
     say_on_devices,
 )
+from devices.admin_history import device_history_html
 from devices.auth import normalize_mac
 from devices.forms import DeviceBindForm, DeviceKeyUploadForm, FirmwareReleaseForm
 from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease
@@ -66,6 +68,7 @@ class DeviceAdmin(admin.ModelAdmin):
         "flash_size", "minimum_free_heap", "language", "user_agent", "last_ip", "last_checkin_at",
         "bound_at", "token_generation", "is_online", "online_since", "last_seen_at", "session_id",
         "mcp_server_info", "device_tools", "mcp_tools_updated_at", "created_at", "updated_at",
+        "conversation_history",
     )
     fieldsets = (
         (None, {"fields": ("mac", "name", "owner", "persona", "bound_at", "location", "timezone")}),
@@ -76,6 +79,7 @@ class DeviceAdmin(admin.ModelAdmin):
         ("Presence and tokens", {"fields": (
             "is_online", "online_since", "last_seen_at", "session_id", "token_generation",
         )}),
+        (_("Conversations"), {"fields": ("conversation_history",)}),
         ("Device tools (MCP)", {"classes": ("collapse",), "fields": (
             "mcp_server_info", "device_tools", "mcp_tools_updated_at",
         )}),
@@ -94,6 +98,10 @@ class DeviceAdmin(admin.ModelAdmin):
     @admin.display(description="Tools the device offers (user-only tools are never shown to the LLM)")
     def device_tools(self, device: Device) -> str:
         return device_tools_html(device)
+
+    @admin.display(description=_("Conversations and last turn"))
+    def conversation_history(self, device: Device) -> str:
+        return device_history_html(device)
 
     @admin.display(boolean=True, ordering="is_online")
     def online(self, device: Device) -> bool:

@@ -7,6 +7,7 @@ Redis for production.
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -100,6 +101,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not :memory:, so end-to-end tests can share it with a server subprocess; one per
     # test process so concurrent test runs never trample each other.
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-db-{os.getpid()}.sqlite3")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # PostgreSQL's JIT compiles any query it guesses to be expensive, which costs ~1 s on
+    # short admin queries with a pessimistic estimate (e.g. a transcript search) and never
+    # pays off for this workload of small, indexed queries.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("options", "-c jit=off")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis, channel layer, Celery -----------------------------------------------------
@@ -180,8 +186,21 @@ STATIC_ROOT = DATA_DIR / "static"
 STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns on every request otherwise
 MEDIA_URL = "media/"
 MEDIA_ROOT = Path(envstr("XIAOZHI_MEDIA_ROOT", str(DATA_DIR / "media")))
+# Turn audio (and firmware images) go through STORAGES["default"]. Nothing serves MEDIA_URL:
+# audio reaches staff only through the admin's permission-checked view. Another backend is a
+# settings change, e.g. S3-compatible storage with django-storages (see README):
+#   XIAOZHI_MEDIA_STORAGE=storages.backends.s3.S3Storage
+#   XIAOZHI_MEDIA_STORAGE_OPTIONS={"bucket_name": "xiaozhi", "endpoint_url": "https://minio:9000"}
+XIAOZHI_MEDIA_STORAGE = envstr("XIAOZHI_MEDIA_STORAGE", "django.core.files.storage.FileSystemStorage")
+XIAOZHI_MEDIA_STORAGE_OPTIONS = envstr("XIAOZHI_MEDIA_STORAGE_OPTIONS", "{}")
+try:
+    _media_storage_options = json.loads(XIAOZHI_MEDIA_STORAGE_OPTIONS)
+except ValueError:
+    _media_storage_options = None
+if not isinstance(_media_storage_options, dict):
+    raise ImproperlyConfigured("XIAOZHI_MEDIA_STORAGE_OPTIONS must be a JSON object")
 STORAGES = {
-    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "default": {"BACKEND": XIAOZHI_MEDIA_STORAGE, "OPTIONS": _media_storage_options},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
@@ -289,6 +308,15 @@ WEATHER_GEOCODING_URL = envstr(
     "WEATHER_GEOCODING_URL", "https://geocoding-api.open-meteo.com/v1/search"
 )
 
+# --- Conversation recording and retention ------------------------------------------------
+# Turn audio kept for review: on (what the user said and what the device played),
+# reply-only, or off. Each persona can also switch recording off.
+XIAOZHI_RECORDING = envchoice("XIAOZHI_RECORDING", "on", ("on", "reply-only", "off"))
+# Turn audio older than this many days is deleted (0 keeps it forever); turns stay.
+XIAOZHI_AUDIO_RETENTION_DAYS = envint("XIAOZHI_AUDIO_RETENTION_DAYS", 30, minimum=0)
+# Conversations (turns, audio) older than this many days are deleted (0 keeps them forever).
+XIAOZHI_CONVERSATION_RETENTION_DAYS = envint("XIAOZHI_CONVERSATION_RETENTION_DAYS", 0, minimum=0)
+
 # --- LLM Gateway (text API) --------------------------------------------------------------
 CLOUD_MAX_CONNECTIONS = envint("CLOUD_MAX_CONNECTIONS", 100, minimum=1)
 CLOUD_MAX_MESSAGE_BYTES = envint("CLOUD_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=1024)
@@ -309,5 +337,9 @@ CELERY_BEAT_SCHEDULE = {
     "refresh-mcp-servers": {
         "task": "tools.tasks.mcp_servers_refresh_all",
         "schedule": TOOLS_MCP_REFRESH_MINUTES * 60.0,
+    },
+    "apply-history-retention": {
+        "task": "conversations.tasks.history_retention_apply",
+        "schedule": 3600.0,
     },
 }

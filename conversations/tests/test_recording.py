@@ -1,0 +1,224 @@
+"""Turn audio: Opus packets muxed into Ogg without re-encoding, written through the storage
+API after the turn, following the recording setting, never failing the turn."""
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import av
+import pytest
+from django.core.files.storage import default_storage
+
+from conversations.capture import AttemptLog, AudioTrack, TurnAudio, attempts_from_json
+from conversations.models import Conversation, Persona, Turn
+from conversations.oggopus import OggOpusError, ogg_opus, packet_samples_48k
+from conversations.pipeline.config import TurnRecord
+from conversations.providers.asr.faster_whisper import FasterWhisperASR
+from conversations.recording import recording_mode, turn_audio_save, turn_audio_save_later
+from conversations.services import conversation_add_turn
+from conversations.tests.review_data import REPLY, UTTERANCE, speech_packets, turn_audio
+from devices.protocol.audio import decode_audio_file
+
+DTX = b"\x08"  # a 1-byte packet: SILK narrowband, 20 ms, no payload (what DTX sends in silence)
+
+
+def words(text: str) -> str:
+    return " ".join(re.findall(r"[a-z]+", text.lower()))
+
+
+@pytest.fixture
+def media(settings: Any, tmp_path: Path) -> Path:
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    return tmp_path / "media"
+
+
+@pytest.fixture
+def turn(db: None) -> Turn:
+    conversation = Conversation.objects.create(session_id="rec", persona=Persona.objects.create(name="Rec"))
+    return conversation_add_turn(conversation_id=conversation.pk,
+                                 turn=TurnRecord(index=0, user_text=UTTERANCE, reply_text=REPLY))
+
+
+# --- the Ogg writer (pure) ---------------------------------------------------------------------
+
+
+def test_packets_are_muxed_as_they_are_without_re_encoding() -> None:
+    packets = speech_packets(UTTERANCE, 16000)
+    ogg = ogg_opus(packets)
+    assert ogg.data.startswith(b"OggS") and b"OpusHead" in ogg.data[:64]
+    with av.open(io.BytesIO(ogg.data)) as container:
+        stream = container.streams.audio[0]
+        assert stream.codec_context.name == "opus"
+        demuxed = [bytes(packet) for packet in container.demux(stream) if packet.size]
+    assert demuxed == packets  # byte for byte: nothing was decoded or encoded again
+    assert ogg.packets == len(packets) and ogg.skipped == 0
+    assert ogg.duration_ms == 60 * len(packets)
+
+
+def test_packet_durations_come_from_each_packets_own_header() -> None:
+    assert packet_samples_48k(speech_packets("hi", 24000)[0]) == 2880  # 60 ms
+    assert packet_samples_48k(DTX) == 960  # 20 ms
+    assert ogg_opus([*speech_packets("hi", 16000)[:2], DTX]).duration_ms == 140
+
+
+@pytest.mark.parametrize("bad", [b"", b"\xff", b"\x03", b"\x0b\xff\xff"])
+def test_packets_libopus_rejects_are_left_out_and_counted(bad: bytes) -> None:
+    assert packet_samples_48k(bad) is None
+    packets = speech_packets("hello", 16000)
+    ogg = ogg_opus([bad, *packets, bad])
+    assert ogg.skipped == 2 and ogg.packets == len(packets)
+
+
+def test_no_valid_packet_is_no_file() -> None:
+    with pytest.raises(OggOpusError):
+        ogg_opus([b"", b"\xff"])
+    with pytest.raises(OggOpusError):
+        ogg_opus([])
+
+
+@pytest.mark.slow
+def test_stored_audio_decodes_to_the_words_that_were_spoken(turn: Turn, media: Path) -> None:
+    """espeak → device-style Opus (16 kHz up, 24 kHz down) → Ogg in storage → PyAV → tiny.en."""
+    saved = turn_audio_save(turn_id=turn.pk, audio=turn_audio())
+    assert saved.user.endswith(".ogg") and saved.reply.endswith(".ogg")
+    asr = FasterWhisperASR(max_concurrency=1)
+    for name, spoken in ((saved.user, UTTERANCE), (saved.reply, REPLY)):
+        with default_storage.open(name, "rb") as handle:
+            pcm, rate = decode_audio_file(handle.read())
+        assert rate == 48000  # Ogg Opus always decodes at 48 kHz
+        assert words(asyncio.run(asr.transcribe(pcm, rate, "en"))) == words(spoken)
+
+
+# --- writing through storage --------------------------------------------------------------------
+
+
+def test_both_directions_are_stored_with_their_durations(turn: Turn, media: Path) -> None:
+    audio = turn_audio()
+    saved = turn_audio_save(turn_id=turn.pk, audio=audio)
+    turn.refresh_from_db()
+    assert turn.user_audio.name == saved.user and turn.reply_audio.name == saved.reply
+    assert re.fullmatch(rf"turns/\d{{4}}/\d\d/\d\d/{turn.conversation_id}-0-user(_\w+)?\.ogg", saved.user)
+    assert turn.user_audio_ms == 60 * len(audio.uplink.packets)
+    assert turn.reply_audio_ms == 60 * len(audio.downlink.packets)
+    assert (media / saved.reply).read_bytes().startswith(b"OggS")
+    assert turn.user_text == UTTERANCE and turn.reply_text == REPLY  # only the audio fields changed
+
+
+def test_reply_only_keeps_what_the_device_played(turn: Turn, media: Path, settings: Any) -> None:
+    settings.XIAOZHI_RECORDING = "reply-only"
+    saved = turn_audio_save(turn_id=turn.pk, audio=turn_audio())
+    turn.refresh_from_db()
+    assert saved.user == "" and not turn.user_audio and turn.user_audio_ms is None
+    assert turn.reply_audio and (media / turn.reply_audio.name).exists()
+
+
+def test_recording_off_keeps_nothing(turn: Turn, media: Path, settings: Any) -> None:
+    settings.XIAOZHI_RECORDING = "off"
+    assert turn_audio_save_later(turn_id=turn.pk, audio=turn_audio()) is None
+    assert turn_audio_save(turn_id=turn.pk, audio=turn_audio()).user == ""
+    turn.refresh_from_db()
+    assert not turn.user_audio and not turn.reply_audio and not media.exists()
+
+
+def test_a_persona_can_switch_recording_off(turn: Turn, media: Path) -> None:
+    Persona.objects.filter(pk=turn.conversation.persona_id).update(record_audio=False)
+    saved = turn_audio_save(turn_id=turn.pk, audio=turn_audio())
+    assert saved.user == saved.reply == ""
+    turn.refresh_from_db()
+    assert not turn.user_audio and not turn.reply_audio and not media.exists()
+    assert recording_mode(persona_records=False) == "off" and recording_mode() == "on"
+
+
+def test_a_turn_without_speech_still_gets_its_reply_audio(turn: Turn, media: Path) -> None:
+    audio = TurnAudio.for_rates(downlink_rate=24000)
+    audio.downlink.packets.extend(speech_packets("Hello, I'm listening.", 24000))
+    saved = turn_audio_save(turn_id=turn.pk, audio=audio)
+    assert saved.user == "" and saved.reply
+
+
+def test_a_track_of_garbage_is_skipped_and_the_other_kept(turn: Turn, media: Path, caplog: Any) -> None:
+    audio = TurnAudio(uplink=AudioTrack(16000, [b"\xff", b""]), downlink=AudioTrack(24000, speech_packets("ok", 24000)))
+    saved = turn_audio_save(turn_id=turn.pk, audio=audio)
+    assert saved.user == "" and saved.reply
+    assert "turn audio track not written" in caplog.text
+
+
+def test_a_failing_storage_write_still_saves_the_turn(turn: Turn, settings: Any, tmp_path: Path,
+                                                      caplog: Any) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the storage root should be")
+    settings.STORAGES = {**settings.STORAGES, "default": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(blocker)}}}
+    saved = turn_audio_save(turn_id=turn.pk, audio=turn_audio())
+    assert saved.user == saved.reply == ""
+    assert "turn audio not saved" in caplog.text
+    stored = Turn.objects.get(pk=turn.pk)
+    assert stored.user_text == UTTERANCE and not stored.user_audio and not stored.reply_audio
+
+
+def test_audio_for_a_turn_that_does_not_exist_is_logged_not_raised(db: None, media: Path, caplog: Any) -> None:
+    assert turn_audio_save(turn_id=987654, audio=turn_audio()).reply == ""
+    assert "no such turn" in caplog.text
+    assert not media.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_background_writer_stores_audio_from_its_own_thread(media: Path, caplog: Any) -> None:
+    conversation = Conversation.objects.create(session_id="bg")
+    turn = Turn.objects.create(conversation=conversation, index=0, user_text=UTTERANCE)
+    future = turn_audio_save_later(turn_id=turn.pk, audio=turn_audio())
+    assert future is not None
+    saved = future.result(timeout=30)
+    assert saved.user and saved.reply
+    assert Turn.objects.get(pk=turn.pk).reply_audio.name == saved.reply
+    # A job that fails (the turn is gone) resolves with nothing, logged from the writer thread.
+    failed = turn_audio_save_later(turn_id=turn.pk + 1000, audio=turn_audio())
+    assert failed is not None and failed.result(timeout=30).reply == ""
+    [record] = [r for r in caplog.records if r.getMessage() == "turn audio not saved: no such turn"]
+    assert record.threadName.startswith("turn-audio") and record.threadName != threading.current_thread().name
+
+
+def test_nothing_to_write_is_no_job(turn: Turn) -> None:
+    assert turn_audio_save_later(turn_id=turn.pk, audio=None) is None
+    assert turn_audio_save_later(turn_id=turn.pk, audio=TurnAudio()) is None
+
+
+def test_deleting_a_turn_deletes_its_files_after_the_commit(turn: Turn, media: Path,
+                                                            django_capture_on_commit_callbacks: Any) -> None:
+    saved = turn_audio_save(turn_id=turn.pk, audio=turn_audio())
+    with django_capture_on_commit_callbacks(execute=True):
+        Conversation.objects.filter(pk=turn.conversation_id).delete()
+    assert not (media / saved.user).exists() and not (media / saved.reply).exists()
+
+
+# --- provider attempts (pure) --------------------------------------------------------------------
+
+
+def test_attempts_record_the_failed_providers_before_the_one_that_served() -> None:
+    log = AttemptLog()
+    log.failed("tts", "edge", OSError("Cannot connect to host speech.example:443 key=abc"), 12.04)
+    log.served("tts", "espeak", 15)
+    log.served("asr", "faster_whisper", 300)
+    assert log.as_json() == {
+        "asr": [{"kind": "faster_whisper", "ok": True, "ms": 300}],
+        "tts": [{"kind": "edge", "ok": False, "ms": 12.0, "error": "OSError"},
+                {"kind": "espeak", "ok": True, "ms": 15}],
+    }  # the exception's class, never its message (URLs and keys stay out of history)
+
+
+def test_attempts_per_stage_are_capped() -> None:
+    log = AttemptLog()
+    for _ in range(500):
+        log.failed("tts", "edge", "TimeoutError", 1)
+    assert len(log.as_json()["tts"]) == 50
+
+
+def test_stored_attempts_are_read_back_defensively() -> None:
+    read = attempts_from_json({"tts": [{"kind": "edge", "ok": "yes", "ms": True}, 7, {"ok": True}],
+                               "llm": "x", 3: []})
+    assert list(read) == ["tts"] and read["tts"][0].ok is False and read["tts"][0].ms == 0.0
+    assert attempts_from_json(["not", "a", "dict"]) == {}
