@@ -134,7 +134,7 @@ def check_arguments(schema: dict, arguments: dict) -> None:
                 raise RuntimeError(f"Missing valid argument: {prop}")
             continue
         value = arguments[prop]
-        if rules.get("type") == "integer" and "maximum" in rules and value > rules["maximum"]:
+        if isinstance(rules, dict) and rules.get("type") == "integer" and "maximum" in rules and value > rules["maximum"]:
             raise RuntimeError(f"Value exceeds maximum allowed: {rules['maximum']}")
 
 
