@@ -9,8 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+
+from conversations.gateway.client_tools import ClientToolSource, Registration
 
 from conversations.tests.test_gateway_session import (  # noqa: F401  (fixtures)
     BATTERY,
@@ -150,3 +154,39 @@ async def test_a_frame_far_over_the_limit_is_closed_with_1009_not_dropped(asgi_s
         await _next(ws)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
     assert "exceeds payload limit" in closed.value.rcvd.reason
+
+
+# -- fuzz: any register_tools payload ----------------------------------------------------------------------
+
+_NAMES = st.sampled_from(["get_battery", "device.light.on", "_x", "1bad", "a" * 65, "", "电量", "dup", "dup"])
+_SCHEMAS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.sampled_from(["object", "string", "#", "#/$defs/a", "^(a+)+$"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["type", "properties", "$ref", "$defs", "pattern", "items", "anyOf", "a"]), inner, max_size=4),
+    max_leaves=15,
+)
+_TOOLS = st.lists(
+    st.fixed_dictionaries({"name": _NAMES, "description": st.text(max_size=20)}, optional={"parameters": _SCHEMAS})
+    | _SCHEMAS,
+    max_size=40,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw_tools=_TOOLS)
+def test_any_register_tools_payload_gets_an_answer_per_tool_or_one_refusal(raw_tools: list[Any]) -> None:
+    async def register() -> Registration:
+        async def sink(message: dict[str, Any]) -> None:
+            pass
+
+        source = ClientToolSource(sink, timeout=1, max_tools=32)
+        return await source.register(tuple(raw_tools))
+
+    registration = asyncio.run(register())
+    if len(raw_tools) > 32:
+        assert registration.results == [] and len(registration.errors) == 1
+        return
+    assert len(registration.results) == len(raw_tools)
+    failed = [r for r in registration.results if r["status"] == "failed"]
+    assert len(registration.errors) == len(failed)
+    assert all(r["status"] in ("registered", "failed") for r in registration.results)
