@@ -2,8 +2,9 @@
 
 Sources (built-in server tools, remote MCP servers, the device's own MCP server, gateway
 clients) implement the small `ToolSource` protocol. A `Toolset` (one per session) lists them
-concurrently, filters them through a `ToolPolicy`, gives each tool an LLM-safe name and
-dispatches calls. `Toolset.call` never raises (except `asyncio.CancelledError`, so that an
+concurrently, checks every listing against the caps and schema rules of tools/limits.py and
+tools/schemas.py (in the schema thread: sources are untrusted, schemas can be big), filters
+it through a `ToolPolicy`, gives each tool an LLM-safe name and dispatches calls. `Toolset.call` never raises (except `asyncio.CancelledError`, so that an
 interrupted turn really stops): every failure becomes a `ToolCallRecord` with
 `success=False` and a clear text for the LLM, because a traceback helps nobody mid-sentence.
 """

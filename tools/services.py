@@ -61,8 +61,7 @@ def _store_catalogue(server: McpServer, specs: list[ToolSpec], refused: list[tup
 def _refusals(refused: list[tuple[str, str]]) -> str:
     if not refused:
         return ""
-    listed = "; ".join(f"{name}: {reason}" for name, reason in refused)
-    return f"{len(refused)} tool(s) refused: {listed}"[:500]
+    return ("Not offered: " + "; ".join(f"{name}: {reason}" for name, reason in refused))[:500]
 
 
 def _record_failure(server: McpServer, error: str) -> None:

@@ -18,8 +18,8 @@ puts the limits where the bytes arrive:
   refused by autobahn with a 1009 close frame instead of a dropped TCP connection (1006).
 
 Idempotent; applied by xiaozhi_site.asgi, so every way of starting daphne gets it. It patches
-daphne's and Twisted's classes by name (daphne 4.2, Twisted 26): tests/test_daphne_limits.py
-runs the real server against each limit.
+daphne's and Twisted's classes by name (daphne 4.2, Twisted 26):
+xiaozhi_site/tests/test_daphne_limits.py runs the real server against each limit.
 """
 from __future__ import annotations
 
@@ -100,6 +100,8 @@ def install(limits: EdgeLimits) -> bool:
 
 
 def _install_http(http_protocol: Any) -> None:
+    # Defined here, not at module level: Twisted is imported only inside daphne, after daphne
+    # has installed its asyncio reactor.
     from twisted.web import http
 
     class GuardedRequest(http_protocol.WebRequest):  # type: ignore[name-defined,misc]

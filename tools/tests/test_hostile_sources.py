@@ -158,7 +158,7 @@ def test_a_catalogue_refresh_caches_only_accepted_tools_and_tells_the_admin_why(
     assert set(McpTool.objects.filter(server=server).values_list("name", flat=True)) == accepted
     server.refresh_from_db()
     assert server.healthy
-    assert server.last_error.startswith(f"{len(corpus) - len(accepted)} tool(s) refused: remote_ref: ")
+    assert server.last_error.startswith("Not offered: remote_ref: Tool parameters may only refer to their own")
     assert recorder.requests == []
 
 
