@@ -33,8 +33,11 @@ def _case(name: str, base: str) -> Hostile:
 
 def _in_thread(func, *args):  # type: ignore[no-untyped-def]
     # A regression to a backtracking engine must fail the test, not hang the suite.
-    with ThreadPoolExecutor(1) as pool:
+    pool = ThreadPoolExecutor(1)
+    try:
         return pool.submit(func, *args).result(timeout=60)
+    finally:
+        pool.shutdown(wait=False)
 
 
 @pytest.mark.parametrize("name", [h.name for h in CORPUS])

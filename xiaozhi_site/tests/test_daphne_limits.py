@@ -8,6 +8,7 @@ import select
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -148,14 +149,22 @@ def test_a_kept_alive_connection_serves_requests_then_idles_out_without_an_answe
         assert _read_until_closed(sock) == b""  # idle past the header deadline: closed, silently
 
 
+VISION_LIMIT = 5 * 1024 * 1024 + 64 * 1024  # XIAOZHI_VISION_MAX_BYTES + multipart framing
+
+
 @e2e
-def test_a_declared_body_over_the_limit_gets_413_before_it_is_sent(server: AsgiServer) -> None:
+@pytest.mark.parametrize(("path", "declared", "limit"), [
+    ("/xiaozhi/ota/", 1_000_000_000, BODY_LIMIT), ("/mcp/vision/explain", VISION_LIMIT + 1, VISION_LIMIT),
+])  # fmt: skip
+def test_a_declared_body_over_the_routes_limit_gets_413_before_it_is_sent(
+    server: AsgiServer, path: str, declared: int, limit: int
+) -> None:
     with _connect(server) as sock:
-        sock.sendall(b"POST /xiaozhi/ota/ HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1000000000\r\n\r\n")  # fmt: skip
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                     f"Content-Length: {declared}\r\n\r\n".encode())  # fmt: skip
         response = _read_until_closed(sock)
     assert response.startswith(b"HTTP/1.1 413 Payload Too Large\r\n")
-    assert _json_body(response) == {"error": "body_too_large", "message": f"The body must be at most {BODY_LIMIT} bytes."}
+    assert _json_body(response) == {"error": "body_too_large", "message": f"The body must be at most {limit} bytes."}
 
 
 @dataclass
