@@ -2,14 +2,16 @@
 
 Sources (built-in server tools, remote MCP servers, the device's own MCP server, gateway
 clients) implement the small `ToolSource` protocol. A `Toolset` (one per session) lists them
-concurrently, filters them through a `ToolPolicy`, gives each tool an LLM-safe name and
-dispatches calls. `Toolset.call` never raises (except `asyncio.CancelledError`, so that an
+concurrently, checks every listing against the caps and schema rules of tools/limits.py and
+tools/schemas.py (in the schema thread: sources are untrusted, schemas can be big), filters
+it through a `ToolPolicy`, gives each tool an LLM-safe name and dispatches calls. `Toolset.call` never raises (except `asyncio.CancelledError`, so that an
 interrupted turn really stops): every failure becomes a `ToolCallRecord` with
 `success=False` and a clear text for the LLM, because a traceback helps nobody mid-sentence.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -17,17 +19,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
-from jsonschema.validators import validator_for
 
-from tools.errors import ToolError
+from tools import limits as tool_limits
+from tools.errors import SchemaRefused, ToolError
+from tools.limits import ToolLimits
 from tools.naming import NameMap
+from tools.schemas import compile_schema, first_error, in_schema_thread
 
 logger = logging.getLogger(__name__)
 
 _MAX_LISTED = 40  # tool names quoted back to the LLM after an unknown-tool call
+_MAX_LOGGED_REFUSALS = 10
 
 
 @dataclass(frozen=True)
@@ -102,14 +106,25 @@ class ToolPolicy:
 
 
 @dataclass(frozen=True)
-class _Entry:
-    """A tool as the Toolset offers it: spec, owner, LLM name and compiled validator."""
+class PreparedTool:
+    """A tool whose parameters passed tools.schemas: what the LLM sees, and its validator."""
 
     spec: ToolSpec
+    parameters: dict
+    validator: Validator
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A tool as the Toolset offers it: prepared tool, owner and LLM name."""
+
+    tool: PreparedTool
     source_key: str
     llm_name: str
-    parameters: dict
-    validator: Validator | None
+
+    @property
+    def spec(self) -> ToolSpec:
+        return self.tool.spec
 
 
 class _CallFailed(Exception):
@@ -146,43 +161,37 @@ def llm_parameters(schema: object) -> dict:
     return params
 
 
-def compile_validator(schema: dict, tool: str) -> Validator | None:
-    """Build a jsonschema validator; None (validation skipped) if the schema is broken.
+def prepare_tools(
+    specs: list[ToolSpec], kind: str, limits: ToolLimits
+) -> tuple[list[PreparedTool], list[tuple[str, str]]]:
+    """Check one source's listing against the limits: (usable tools, [(name, why refused)]).
 
-    The draft comes from `$schema` when present, else 2020-12 (a superset of what the
-    device and most MCP servers write). A broken remote schema is logged, not fatal: the
-    source will still check its own arguments.
+    Blocking (schema compilation): run it with `in_schema_thread`. Tools past the source's
+    cap are dropped unchecked; an over-long description is cut, not refused.
     """
-    try:
-        key = json.dumps(schema, sort_keys=True, default=str)
-    except (TypeError, ValueError):
-        key = None
-    if key is not None and key in _validators:
-        return _validators[key]
-    validator = _compile(schema, tool)
-    if key is not None:
-        # Every device of a firmware lists the same schemas: checking them costs 15-20 ms of
-        # event-loop time per connecting device, so each distinct schema is compiled once.
-        if len(_validators) >= _MAX_CACHED_VALIDATORS:
-            _validators.pop(next(iter(_validators)))
-        _validators[key] = validator
-    return validator
+    cap = limits.max_tools(kind)
+    prepared: list[PreparedTool] = []
+    refused: list[tuple[str, str]] = []
+    if cap is not None and len(specs) > cap:
+        refused.append((f"{len(specs) - cap} more", f"more than {cap} tools from one source"))
+        specs = specs[:cap]
+    for spec in specs:
+        try:
+            prepared.append(prepare_tool(spec, limits))
+        except SchemaRefused as exc:
+            refused.append((spec.name[:limits.name_max_chars], str(exc)))
+    return prepared, refused
 
 
-_MAX_CACHED_VALIDATORS = 2048
-_validators: dict[str, Validator | None] = {}
-
-
-def _compile(schema: dict, tool: str) -> Validator | None:
-    try:
-        cls = validator_for(schema, default=Draft202012Validator)
-        cls.check_schema(schema)
-        return cls(schema)
-    except Exception:
-        logger.warning(
-            "tool schema invalid, argument validation skipped", extra={"tool_name": tool}
-        )
-        return None
+def prepare_tool(spec: ToolSpec, limits: ToolLimits) -> PreparedTool:
+    """One tool, or SchemaRefused saying why it cannot be offered."""
+    if len(spec.name) > limits.name_max_chars:
+        raise SchemaRefused("Tool name is too long", f"{len(spec.name)} characters; the limit is {limits.name_max_chars}")
+    if len(spec.description) > limits.description_max_chars:
+        spec = dataclasses.replace(spec, description=spec.description[: limits.description_max_chars])
+    parameters = llm_parameters(spec.parameters)
+    validator = compile_schema(parameters, max_bytes=limits.schema_max_bytes, max_depth=limits.schema_max_depth)
+    return PreparedTool(spec, parameters, validator)
 
 
 class Toolset:
@@ -199,11 +208,13 @@ class Toolset:
         policy: ToolPolicy | None = None,
         *,
         list_timeout: float = 30.0,
+        limits: ToolLimits | None = None,
     ) -> None:
         self._policy = policy or ToolPolicy()
         self._list_timeout = list_timeout
+        self._limits = limits or tool_limits.current()
         self._sources: dict[str, ToolSource] = {}
-        self._specs: dict[str, list[ToolSpec]] = {}
+        self._tools: dict[str, list[PreparedTool]] = {}
         self._entries: dict[str, _Entry] = {}
         for source in sources:
             self._register(source)
@@ -238,7 +249,7 @@ class Toolset:
         if key is None:
             return
         del self._sources[key]
-        self._specs.pop(key, None)
+        self._tools.pop(key, None)
         self._rebuild()
 
     async def refresh(self) -> None:
@@ -251,39 +262,45 @@ class Toolset:
         try:
             async with asyncio.timeout(self._list_timeout):
                 specs = await source.list_tools()
+            # Checking schemas takes milliseconds each: never on the event loop.
+            tools, refused = await in_schema_thread(prepare_tools, list(specs), source.kind, self._limits)
         except (ToolError, TimeoutError) as exc:
             # Expected (server down, device slow): no traceback, the reason is enough.
             reason = str(exc) or type(exc).__name__
             logger.warning(
                 "tool source listing failed", extra={"tool_source": key, "reason": reason}
             )
-            specs = []
+            tools, refused = [], []
         except Exception:
             logger.exception("tool source listing failed", extra={"tool_source": key})
-            specs = []
+            tools, refused = [], []
+        if refused:
+            logger.warning(
+                "tools refused",
+                extra={"tool_source": key, "refused_count": len(refused),
+                       "refused": refused[:_MAX_LOGGED_REFUSALS]},
+            )
         # The source may have been removed while we were waiting for it.
         if self._sources.get(key) is source:
-            self._specs[key] = list(specs)
+            self._tools[key] = tools
 
     # -- catalogue -------------------------------------------------------------------------
 
-    def _allowed(self) -> Iterable[tuple[str, ToolSpec]]:
-        for key, specs in self._specs.items():
+    def _allowed(self) -> Iterable[tuple[str, PreparedTool]]:
+        for key, tools in self._tools.items():
             seen: set[str] = set()
-            for spec in specs:
-                if spec.name not in seen and self._policy.allows(spec):
-                    seen.add(spec.name)
-                    yield key, spec
+            for tool in tools:
+                if tool.spec.name not in seen and self._policy.allows(tool.spec):
+                    seen.add(tool.spec.name)
+                    yield key, tool
 
     def _rebuild(self) -> None:
         allowed = list(self._allowed())
-        names = NameMap((key, spec.name) for key, spec in allowed)
+        names = NameMap((key, tool.spec.name) for key, tool in allowed)
         entries: dict[str, _Entry] = {}
-        for key, spec in allowed:
-            llm_name = names.to_llm(key, spec.name)
-            params = llm_parameters(spec.parameters)
-            validator = compile_validator(params, spec.name)
-            entries[llm_name] = _Entry(spec, key, llm_name, params, validator)
+        for key, tool in allowed:
+            llm_name = names.to_llm(key, tool.spec.name)
+            entries[llm_name] = _Entry(tool, key, llm_name)
         self._entries = dict(sorted(entries.items()))
 
     def specs(self) -> list[ToolSpec]:
@@ -305,7 +322,7 @@ class Toolset:
                 "function": {
                     "name": entry.llm_name,
                     "description": entry.spec.description or entry.spec.name,
-                    "parameters": entry.parameters,
+                    "parameters": entry.tool.parameters,
                 },
             }
             for entry in self._entries.values()
@@ -321,7 +338,7 @@ class Toolset:
         try:
             entry = self._lookup(llm_name)
             arguments = parse_arguments(arguments_json)
-            self._validate(entry, arguments)
+            await self._validate(entry, arguments)
             result = await self._run(entry, arguments)
         except _CallFailed as failure:
             return self._record(llm_name, entry, arguments, started, failure.text, failure.code)
@@ -337,13 +354,12 @@ class Toolset:
             )
         return entry
 
-    def _validate(self, entry: _Entry, arguments: dict) -> None:
-        if entry.validator is None:
-            return
+    async def _validate(self, entry: _Entry, arguments: dict) -> None:
         try:
-            error = next(iter(entry.validator.iter_errors(arguments)), None)
+            error = await in_schema_thread(first_error, entry.tool.validator, arguments)
         except Exception:
-            # A schema can pass check_schema and still fail at use ($ref to nowhere).
+            # Unexpected: tools.schemas refuses what could fail here. The source checks its
+            # own arguments anyway.
             logger.warning(
                 "tool argument validation crashed, skipped", extra={"tool_name": entry.spec.name}
             )

@@ -257,6 +257,16 @@ XIAOZHI_MAX_MESSAGES_PER_SECOND = envint("XIAOZHI_MAX_MESSAGES_PER_SECOND", 100,
 XIAOZHI_IDLE_TIMEOUT_SECONDS = envfloat("XIAOZHI_IDLE_TIMEOUT_SECONDS", 120.0, minimum=1)
 XIAOZHI_HARD_TIMEOUT_SECONDS = envfloat("XIAOZHI_HARD_TIMEOUT_SECONDS", 180.0, minimum=1)
 
+# --- HTTP edge (applied inside daphne before a request reaches Django; docs/security.md) ---
+# Bodies over the limit get 413 before they are read or spooled to disk.
+XIAOZHI_HTTP_MAX_BODY_BYTES = envint("XIAOZHI_HTTP_MAX_BODY_BYTES", 1024 * 1024, minimum=1024)
+# The admin takes firmware images and key files.
+XIAOZHI_HTTP_ADMIN_MAX_BODY_BYTES = envint("XIAOZHI_HTTP_ADMIN_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024)
+# A request's headers (from its first byte, or from the previous response on a kept-alive
+# connection) and then its body must arrive within these times, however slowly they trickle.
+XIAOZHI_HTTP_HEADER_TIMEOUT_SECONDS = envfloat("XIAOZHI_HTTP_HEADER_TIMEOUT_SECONDS", 15.0, minimum=0.1)
+XIAOZHI_HTTP_BODY_TIMEOUT_SECONDS = envfloat("XIAOZHI_HTTP_BODY_TIMEOUT_SECONDS", 120.0, minimum=0.1)
+
 # --- Vision (device camera explain endpoint) -------------------------------------------
 XIAOZHI_VISION_BASE_URL = envstr("XIAOZHI_VISION_BASE_URL", "")
 XIAOZHI_VISION_API_KEY = envsecret("XIAOZHI_VISION_API_KEY", "")
@@ -303,6 +313,13 @@ TOOLS_DEVICE_TIMEOUT = envfloat("TOOLS_DEVICE_TIMEOUT", 30.0, minimum=0.1)
 TOOLS_CLIENT_TIMEOUT = envfloat("CLIENT_TOOL_TIMEOUT", 30.0, minimum=0.1)
 TOOLS_MCP_TIMEOUT = envfloat("TOOLS_MCP_TIMEOUT", 10.0, minimum=0.1)
 TOOLS_MCP_REFRESH_MINUTES = envint("TOOLS_MCP_REFRESH_MINUTES", 15, minimum=1)
+# What one tool source may send (docs/security.md, "Limits"); tools past a cap are dropped.
+TOOLS_DEVICE_MAX_COUNT = envint("TOOLS_DEVICE_MAX_COUNT", 64, minimum=1)
+TOOLS_DEVICE_MAX_PAGES = envint("TOOLS_DEVICE_MAX_PAGES", 10, minimum=1)
+TOOLS_MCP_MAX_COUNT = envint("TOOLS_MCP_MAX_COUNT", 128, minimum=1)
+TOOLS_SCHEMA_MAX_BYTES = envint("TOOLS_SCHEMA_MAX_BYTES", 64 * 1024, minimum=1024)
+TOOLS_SCHEMA_MAX_DEPTH = envint("TOOLS_SCHEMA_MAX_DEPTH", 32, minimum=4, maximum=64)
+TOOLS_DESCRIPTION_MAX_CHARS = envint("TOOLS_DESCRIPTION_MAX_CHARS", 4096, minimum=64)
 WEATHER_BASE_URL = envstr("WEATHER_BASE_URL", "https://api.open-meteo.com/v1/forecast")
 WEATHER_GEOCODING_URL = envstr(
     "WEATHER_GEOCODING_URL", "https://geocoding-api.open-meteo.com/v1/search"

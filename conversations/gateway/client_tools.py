@@ -21,8 +21,11 @@ from typing import Any
 
 from conversations.gateway import protocol
 from conversations.gateway.protocol import ErrorCode, GatewayError, ToolDefinition, ToolResult
+from tools import limits as tool_limits
 from tools.errors import ToolError
+from tools.limits import ToolLimits
 from tools.registry import ToolSpec
+from tools.schemas import in_schema_thread
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +58,13 @@ class ClientToolSource:
     kind = "client"
     origin = ""
 
-    def __init__(self, send: Send, *, timeout: float, max_tools: int, enabled: bool = True) -> None:
+    def __init__(
+        self, send: Send, *, timeout: float, max_tools: int, enabled: bool = True, limits: ToolLimits | None = None
+    ) -> None:
         self.timeout = timeout
         self.max_tools = max_tools
         self.enabled = enabled
+        self._limits = limits or tool_limits.current()
         self._send = send
         self._tools: dict[str, ToolDefinition] = {}
         self._pending: dict[str, asyncio.Future[ToolResult]] = {}
@@ -74,13 +80,23 @@ class ClientToolSource:
 
     # -- registration -------------------------------------------------------------------------
 
-    def register(self, raw_tools: tuple[Any, ...]) -> Registration:
+    async def register(self, raw_tools: tuple[Any, ...]) -> Registration:
+        """Check and add a `register_tools` message's tools, in order.
+
+        A message listing more tools than a connection may hold is refused whole, before any
+        schema is looked at (one client must not keep the server compiling thousands of
+        schemas); the others' definitions are checked in the schema thread, off the loop.
+        """
+        if len(raw_tools) > self.max_tools:
+            details = f"{len(raw_tools)} tools; at most {self.max_tools} per connection"
+            return Registration([], [GatewayError(ErrorCode.TOOL_REGISTRATION_FAILED, "Too many tools", details)])
+        checked = await in_schema_thread(_check_all, raw_tools, self._limits) if self.enabled else raw_tools
         results: list[dict[str, Any]] = []
         errors: list[GatewayError] = []
-        for raw in raw_tools:
+        for raw, outcome in zip(raw_tools, checked, strict=True):
             name = protocol.tool_name_of(raw)
             try:
-                definition = self._accept(raw)
+                definition = self._accept(outcome)
             except GatewayError as exc:
                 results.append({"name": name, "status": "failed", "error": exc.message, "code": str(exc.code)})
                 errors.append(GatewayError(exc.code, exc.message, _details(name, exc.details)))
@@ -89,17 +105,19 @@ class ClientToolSource:
             results.append({"name": definition.name, "status": "registered"})
         return Registration(results, errors)
 
-    def _accept(self, raw: object) -> ToolDefinition:
+    def _accept(self, checked: object) -> ToolDefinition:
         if not self.enabled:
             raise GatewayError(ErrorCode.TOOL_REGISTRATION_FAILED, "Client tools are disabled")
-        definition = protocol.check_tool_definition(raw)
-        if definition.name in self._tools:
+        if isinstance(checked, GatewayError):
+            raise checked
+        assert isinstance(checked, ToolDefinition)
+        if checked.name in self._tools:
             raise GatewayError(ErrorCode.TOOL_REGISTRATION_FAILED, "Tool name already exists")
         if len(self._tools) >= self.max_tools:
             raise GatewayError(
                 ErrorCode.TOOL_REGISTRATION_FAILED, f"Too many tools (at most {self.max_tools} per connection)"
             )
-        return definition
+        return checked
 
     # -- ToolSource -----------------------------------------------------------------------------
 
@@ -154,6 +172,22 @@ class ClientToolSource:
         for future in self._pending.values():
             future.cancel()
         self._pending.clear()
+
+
+def _check_all(raw_tools: tuple[Any, ...], limits: ToolLimits) -> list[ToolDefinition | GatewayError]:
+    """Every definition checked (blocking: schemas are compiled), in the schema thread."""
+    return [_check_one(raw, limits) for raw in raw_tools]
+
+
+def _check_one(raw: object, limits: ToolLimits) -> ToolDefinition | GatewayError:
+    try:
+        definition = protocol.check_tool_definition(raw, limits)
+    except GatewayError as exc:
+        return exc
+    if len(definition.description) > limits.description_max_chars:
+        details = f"{len(definition.description)} characters; the limit is {limits.description_max_chars}"
+        return GatewayError(ErrorCode.TOOL_REGISTRATION_FAILED, "Tool description is too long", details)
+    return definition
 
 
 def _details(name: str, details: str) -> str:

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
-from jsonschema.validators import validator_for
-
+from tools import limits as tool_limits
+from tools.errors import SchemaRefused
+from tools.limits import ToolLimits
 from tools.naming import validate_client_tool_name
+from tools.registry import llm_parameters
+from tools.schemas import compile_schema
 
 
 class ErrorCode(StrEnum):
@@ -282,9 +283,10 @@ def tool_name_of(raw: object) -> str:
     return name if isinstance(name, str) else ""
 
 
-def check_tool_definition(raw: object) -> ToolDefinition:
+def check_tool_definition(raw: object, limits: ToolLimits | None = None) -> ToolDefinition:
     """Validate one client tool; GatewayError with TOOL_REGISTRATION_FAILED (name, shape)
-    or INVALID_TOOL_PARAMETERS (the parameters are not an object JSON Schema)."""
+    or INVALID_TOOL_PARAMETERS (the parameters are not an object JSON Schema we accept).
+    Blocking for a big schema: the session calls it in the schema thread."""
     if not isinstance(raw, dict):
         raise _registration("Tool definition must be an object")
     name = raw.get("name")
@@ -295,23 +297,21 @@ def check_tool_definition(raw: object) -> ToolDefinition:
     description = raw.get("description")
     if not isinstance(description, str):
         raise _registration("Tool description is required and must be a string")
-    return ToolDefinition(name, description, check_parameters(raw.get("parameters")))
+    return ToolDefinition(name, description, check_parameters(raw.get("parameters"), limits))
 
 
-def check_parameters(schema: object) -> dict[str, Any]:
+def check_parameters(schema: object, limits: ToolLimits | None = None) -> dict[str, Any]:
+    """tools.schemas decides (local references only, RE2 patterns, size and depth caps)."""
     if not isinstance(schema, dict):
         raise GatewayError(ErrorCode.INVALID_TOOL_PARAMETERS, "Tool parameters must be a JSON Schema object")
     if schema.get("type", "object") != "object":
         raise GatewayError(ErrorCode.INVALID_TOOL_PARAMETERS, "Tool parameters must have type 'object'")
+    limits = limits or tool_limits.current()
     try:
-        validator_for(schema, default=Draft202012Validator).check_schema(schema)
-    except RecursionError:
-        raise GatewayError(ErrorCode.INVALID_TOOL_PARAMETERS, "Tool parameters are nested too deeply") from None
-    except SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise GatewayError(
-            ErrorCode.INVALID_TOOL_PARAMETERS, "Tool parameters are not a valid JSON Schema", f"{where}: {exc.message}"
-        ) from None
+        # As the Toolset will offer it, so its compiled validator is reused from the cache.
+        compile_schema(llm_parameters(schema), max_bytes=limits.schema_max_bytes, max_depth=limits.schema_max_depth)
+    except SchemaRefused as exc:
+        raise GatewayError(ErrorCode.INVALID_TOOL_PARAMETERS, exc.message, exc.details) from None
     return schema
 
 

@@ -211,7 +211,7 @@ class GatewaySession:
             options.enable_context = command.enable_context
 
     async def _register_tools(self, command: RegisterTools) -> None:
-        registration = self._client_tools.register(command.tools)
+        registration = await self._client_tools.register(command.tools)
         if any(r["status"] == "registered" for r in registration.results):
             await self._toolset.add_source(self._client_tools)
         # Errors first: a client that reads one reply after register_tools (seed §10.1)

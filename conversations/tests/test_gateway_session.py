@@ -320,22 +320,25 @@ async def test_tools_registered_lists_each_tool(gateway: Gateway) -> None:
 
 
 async def test_failed_registrations_come_with_their_error_codes(gateway: Gateway) -> None:
-    session, client, _ = await gateway.open(client_tools_max=2)
+    session, client, _ = await gateway.open(client_tools_max=3)
     await register(session, client, BATTERY)
     bad_schema = {**VOLUME, "name": "bad_schema", "parameters": {"type": "object", "properties": 5}}
-    await send(session, type="register_tools", tools=[BATTERY, {**BATTERY, "name": "1tool"}, bad_schema, VOLUME,
-                                                      {**BATTERY, "name": "third"}])  # fmt: skip
-    got = [await client.next() for _ in range(5)]
-    assert errors(got) == ["TOOL_REGISTRATION_FAILED", "TOOL_REGISTRATION_FAILED", "INVALID_TOOL_PARAMETERS",
-                           "TOOL_REGISTRATION_FAILED"]  # fmt: skip
-    summary = got[-1]
-    assert summary["type"] == "tools_registered" and summary["count"] == 1
-    assert [(t["name"], t["status"], t.get("error")) for t in summary["tools"]] == [
+    await send(session, type="register_tools", tools=[BATTERY, {**BATTERY, "name": "1tool"}, bad_schema])
+    got = [await client.next() for _ in range(4)]
+    assert errors(got) == ["TOOL_REGISTRATION_FAILED", "TOOL_REGISTRATION_FAILED", "INVALID_TOOL_PARAMETERS"]
+    assert got[-1]["type"] == "tools_registered" and got[-1]["count"] == 0
+    assert [(t["name"], t["status"], t.get("error")) for t in got[-1]["tools"]] == [
         ("get_battery", "failed", "Tool name already exists"),
         ("1tool", "failed", "Invalid tool name: tool name must start with a letter or an underscore"),
         ("bad_schema", "failed", "Tool parameters are not a valid JSON Schema"),
+    ]
+    await send(session, type="register_tools", tools=[VOLUME, {**BATTERY, "name": "third"}, {**BATTERY, "name": "fourth"}])
+    got = [await client.next() for _ in range(2)]
+    assert errors(got) == ["TOOL_REGISTRATION_FAILED"] and got[-1]["count"] == 2
+    assert [(t["name"], t["status"], t.get("error")) for t in got[-1]["tools"]] == [
         ("set_volume", "registered", None),
-        ("third", "failed", "Too many tools (at most 2 per connection)"),
+        ("third", "registered", None),
+        ("fourth", "failed", "Too many tools (at most 3 per connection)"),
     ]
 
 

@@ -25,6 +25,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from tools import limits as tool_limits
 from tools.errors import ToolError
 from tools.mcp.content import decoded_size
 from tools.registry import ToolSpec, empty_schema
@@ -71,6 +72,7 @@ class RemoteMcpServer:
         return call_result_text(await self._run("tools/call", call_one))
 
     async def _list_all(self, client: Client) -> list[ToolSpec]:
+        max_tools = tool_limits.current().mcp_max_tools  # TOOLS_MCP_MAX_COUNT
         found: dict[str, ToolSpec] = {}
         cursor: str | None = None
         seen: set[str] = set()
@@ -79,10 +81,12 @@ class RemoteMcpServer:
             for tool in page.tools:
                 found.setdefault(tool.name, self._spec(tool))
             cursor = page.next_cursor
-            if not cursor or cursor in seen:
+            if not cursor or cursor in seen or len(found) >= max_tools:
                 break
             seen.add(cursor)
-        return list(found.values())
+        if len(found) > max_tools:
+            logger.warning("mcp tool cap reached", extra={"mcp_server": self.name, "tools": len(found), "limit": max_tools})
+        return list(found.values())[:max_tools]
 
     def _spec(self, tool: Any) -> ToolSpec:
         schema = tool.input_schema

@@ -21,7 +21,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from tools import limits as tool_limits
 from tools.errors import ToolError
+from tools.limits import ToolLimits
 from tools.mcp.content import decoded_size
 from tools.registry import ToolSpec, empty_schema
 
@@ -31,7 +33,6 @@ SendFn = Callable[[dict], Awaitable[None]]
 
 PROTOCOL_VERSION = "2024-11-05"
 CLIENT_INFO = {"name": "xiaozhi-django", "version": "1.0"}
-MAX_PAGES = 50  # a device with a broken cursor must not keep us paging forever
 DISCONNECTED = "device disconnected"
 
 
@@ -42,9 +43,10 @@ class DeviceMcpClient:
     incoming MCP payload to `feed()` and calls `close()` when the socket goes away.
     """
 
-    def __init__(self, send: SendFn, *, request_timeout: float = 10.0) -> None:
+    def __init__(self, send: SendFn, *, request_timeout: float = 10.0, limits: ToolLimits | None = None) -> None:
         self._send = send
         self._request_timeout = request_timeout
+        self._limits = limits or tool_limits.current()
         self._next_id = 1
         self._pending: dict[int, asyncio.Future[dict]] = {}
         self._init_done = asyncio.Event()
@@ -88,23 +90,31 @@ class DeviceMcpClient:
         return result
 
     async def list_tools(self, *, with_user_tools: bool = True) -> list[ToolSpec]:
-        """All tools, page after page; waits for initialize first (PY PR #2852)."""
+        """All tools, page after page; waits for initialize first (PY PR #2852).
+
+        Stops at TOOLS_DEVICE_MAX_PAGES pages or TOOLS_DEVICE_MAX_COUNT tools, whichever
+        comes first: a device with a broken cursor, or one listing thousands of tools, gets
+        a truncated catalogue, not our event loop.
+        """
         await self._wait_initialized()
+        max_pages, max_tools = self._limits.device_max_pages, self._limits.device_max_tools
         found: dict[str, ToolSpec] = {}
         cursor: str | None = None
         seen: set[str] = set()
-        for _ in range(MAX_PAGES):
+        for _ in range(max_pages):
             params = _list_params(cursor, with_user_tools)
             result = await self._request("tools/list", params, self._request_timeout)
             for spec in parse_tools(result.get("tools")):
                 found.setdefault(spec.name, spec)
             cursor = _next_cursor(result, seen)
-            if cursor is None:
+            if cursor is None or len(found) >= max_tools:
                 break
             seen.add(cursor)
         else:
-            logger.warning("device tools/list page cap reached", extra={"pages": MAX_PAGES})
-        self.tools = list(found.values())
+            logger.warning("device tools/list page cap reached", extra={"pages": max_pages})
+        if len(found) > max_tools:
+            logger.warning("device tool cap reached", extra={"tools": len(found), "limit": max_tools})
+        self.tools = list(found.values())[:max_tools]
         return list(self.tools)
 
     async def call_tool(self, name: str, arguments: dict, timeout: float = 30.0) -> str:

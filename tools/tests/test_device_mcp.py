@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tools.errors import ToolError
+from tools.limits import ToolLimits
 from tools.mcp.device import DeviceMcpClient, DeviceToolSource, compact_json_text, parse_tools
 from tools.registry import Toolset
 
@@ -133,7 +134,7 @@ def check_arguments(schema: dict, arguments: dict) -> None:
                 raise RuntimeError(f"Missing valid argument: {prop}")
             continue
         value = arguments[prop]
-        if rules.get("type") == "integer" and "maximum" in rules and value > rules["maximum"]:
+        if isinstance(rules, dict) and rules.get("type") == "integer" and "maximum" in rules and value > rules["maximum"]:
             raise RuntimeError(f"Value exceeds maximum allowed: {rules['maximum']}")
 
 
@@ -314,7 +315,7 @@ async def test_the_listing_stops_at_the_page_cap() -> None:
     firmware.list_override = lambda params: {"tools": [], "nextCursor": f"c{next(counter)}"}
     client = await started(firmware)
     assert await client.list_tools() == []
-    assert len(firmware.requests("tools/list")) == 50
+    assert len(firmware.requests("tools/list")) == ToolLimits().device_max_pages == 10
 
 
 async def test_a_page_error_fails_the_listing() -> None:

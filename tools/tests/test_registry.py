@@ -335,24 +335,25 @@ async def test_the_schema_error_says_where_the_problem_is() -> None:
     assert "at 'light/level'" in record.result
 
 
-async def test_an_invalid_remote_schema_does_not_crash_and_skips_validation(
+async def test_a_tool_with_an_invalid_schema_is_not_offered_and_the_reason_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     broken = {"type": "object", "properties": {"q": {"type": 12}}, "required": "q"}
-    source = StaticSource("mcp", [spec("search", "mcp", params=broken, origin="m")], origin="m")
+    source = StaticSource("mcp", [spec("search", "mcp", params=broken, origin="m"), spec("ok", "mcp", origin="m")],
+                          origin="m")  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="tools.registry"):
         toolset = await ready(source)
-    assert "tool schema invalid" in caplog.text
-    record = await toolset.call("search", '{"q": "anything"}')
-    assert record.success
+    assert names_of(toolset) == ["ok"]
+    refusal = next(r for r in caplog.records if r.getMessage() == "tools refused")
+    assert refusal.refused_count == 1  # type: ignore[attr-defined]
+    assert refusal.refused[0][0] == "search" and "not a valid JSON Schema" in refusal.refused[0][1]  # type: ignore[attr-defined]
 
 
-async def test_a_schema_with_a_dangling_ref_does_not_crash() -> None:
+async def test_a_schema_with_a_dangling_ref_is_refused_at_listing() -> None:
     dangling = {"type": "object", "properties": {"q": {"$ref": "#/$defs/missing"}}}
-    source = StaticSource("mcp", [spec("search", "mcp", params=dangling, origin="m")], origin="m")
-    toolset = await ready(source)
-    record = await toolset.call("search", '{"q": 1}')
-    assert record.success
+    toolset = await ready(StaticSource("mcp", [spec("search", "mcp", params=dangling, origin="m")], origin="m"))
+    assert names_of(toolset) == []
+    assert (await toolset.call("search", '{"q": 1}')).error == "unknown_tool"
 
 
 async def test_a_draft_7_schema_is_validated_as_draft_7() -> None:
@@ -489,10 +490,10 @@ async def test_removing_a_colliding_source_gives_the_plain_name_back() -> None:
 
 
 def test_identical_schemas_are_compiled_once() -> None:
-    from tools.registry import compile_validator
+    from tools.schemas import compile_schema
 
+    limits = {"max_bytes": 65536, "max_depth": 32}
     schema = {"type": "object", "properties": {"volume": {"type": "integer", "minimum": 0}}}
-    first = compile_validator(schema, "a")
-    assert first is not None
-    assert compile_validator(dict(schema), "b") is first
-    assert compile_validator({"type": "object"}, "c") is not first
+    first = compile_schema(schema, **limits)
+    assert compile_schema(json.loads(json.dumps(schema)), **limits) is first
+    assert compile_schema({"type": "object"}, **limits) is not first
