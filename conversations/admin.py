@@ -14,6 +14,9 @@ from django.contrib import admin
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
+from django.utils.text import format_lazy
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from conversations.models import Conversation, Persona, Turn
 from conversations.providers import registry
@@ -28,7 +31,8 @@ class KindListField(forms.CharField):
     def __init__(self, stage: str, **kwargs: Any) -> None:
         self.stage = stage
         known = ", ".join(registry.REGISTRY[stage])
-        kwargs.setdefault("help_text", f"In fallback order, comma-separated. Known: {known}.")
+        # Lazy so the text follows each request's language; the kinds are identifiers.
+        kwargs.setdefault("help_text", format_lazy(_("In fallback order, comma-separated. Known: {known}."), known=known))
         super().__init__(**kwargs)
 
     def prepare_value(self, value: Any) -> Any:
@@ -42,12 +46,13 @@ class KindListField(forms.CharField):
 
     def validate(self, value: list[str]) -> None:  # type: ignore[override]
         if not value:
-            raise forms.ValidationError("Name at least one provider.")
+            raise forms.ValidationError(gettext("Name at least one provider."))
         unknown = [kind for kind in value if kind not in registry.REGISTRY[self.stage]]
         if unknown:
-            raise forms.ValidationError(f"Unknown {self.stage} provider(s): {', '.join(unknown)}.")
+            raise forms.ValidationError(gettext("Unknown %(stage)s providers: %(kinds)s.") % {
+                "stage": self.stage.upper(), "kinds": ", ".join(unknown)})
         if len(set(value)) != len(value):
-            raise forms.ValidationError("Each provider may appear only once.")
+            raise forms.ValidationError(gettext("Each provider may appear only once."))
 
 
 class LineListField(forms.CharField):
@@ -65,14 +70,19 @@ class LineListField(forms.CharField):
 
 
 class PersonaAdminForm(forms.ModelForm):
-    asr_providers = KindListField("asr", label="ASR providers")
-    llm_providers = KindListField("llm", label="LLM providers")
-    tts_providers = KindListField("tts", label="TTS providers")
-    exit_phrases = LineListField(required=False, help_text="One per line; matched without case or punctuation.")
-    device_tool_exclusions = LineListField(required=False, help_text="Device tool names to hide, one per line.")
+    asr_providers = KindListField("asr", label=_("ASR providers"))
+    llm_providers = KindListField("llm", label=_("LLM providers"))
+    tts_providers = KindListField("tts", label=_("TTS providers"))
+    exit_phrases = LineListField(
+        label=_("Exit phrases"), required=False, help_text=_("One per line; matched without case or punctuation.")
+    )
+    device_tool_exclusions = LineListField(
+        label=_("Excluded device tools"), required=False, help_text=_("Device tool names to hide, one per line.")
+    )
+    # Tool names are identifiers the LLM sees; they are shown as they are.
     server_tools = forms.MultipleChoiceField(
-        choices=[(name, name) for name in BUILTIN_TOOLS], required=False,
-        widget=forms.CheckboxSelectMultiple, help_text="Built-in tools offered; none ticked offers all.",
+        label=_("Server tools"), choices=[(name, name) for name in BUILTIN_TOOLS], required=False,
+        widget=forms.CheckboxSelectMultiple, help_text=_("Built-in tools offered; none ticked offers all."),
     )
 
     class Meta:
@@ -86,7 +96,7 @@ class PersonaAdminForm(forms.ModelForm):
         data = super().clean() or {}
         high, low = data.get("vad_threshold"), data.get("vad_threshold_low")
         if high is not None and low is not None and low > high:
-            self.add_error("vad_threshold_low", "Must not be above the speech threshold.")
+            self.add_error("vad_threshold_low", gettext("Must not be above the speech threshold."))
         return data
 
 
@@ -100,16 +110,16 @@ class PersonaAdmin(admin.ModelAdmin):
     readonly_fields = ("created_at", "updated_at")
     fieldsets = (
         (None, {"fields": ("name", "description", "is_default")}),
-        ("Prompt and phrases", {"fields": ("system_prompt", "language", "greeting", "farewell", "exit_phrases")}),
-        ("Voice and models", {"fields": (
+        (_("Prompt and phrases"), {"fields": ("system_prompt", "language", "greeting", "farewell", "exit_phrases")}),
+        (_("Voice and models"), {"fields": (
             "voice", "asr_providers", "llm_providers", "tts_providers", "llm_model", "temperature",
             "max_tokens", "context_turns",
         )}),
-        ("Turn-taking (voice activity detection)", {"fields": (
+        (_("Turn-taking (voice activity detection)"), {"fields": (
             "vad_threshold", "vad_threshold_low", "vad_min_silence_ms",
         )}),
-        ("Tools", {"fields": ("server_tools", "mcp_servers", "device_tools_enabled", "device_tool_exclusions")}),
-        ("Record", {"classes": ("collapse",), "fields": ("created_at", "updated_at")}),
+        (_("Tools"), {"fields": ("server_tools", "mcp_servers", "device_tools_enabled", "device_tool_exclusions")}),
+        (_("Record"), {"classes": ("collapse",), "fields": ("created_at", "updated_at")}),
     )
 
     @admin.display(description="ASR / LLM / TTS")
@@ -137,7 +147,7 @@ class TurnInline(admin.TabularInline):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    @admin.display(description="tool calls")
+    @admin.display(description=_("tool calls"))
     def tools(self, turn: Turn) -> str:
         calls = turn.tool_calls or []
         return format_html_join(
@@ -145,15 +155,15 @@ class TurnInline(admin.TabularInline):
             ((("✔" if c.get("success") else "✘"), c.get("name", "?"), c.get("duration_ms", "")) for c in calls),
         ) or "—"
 
-    @admin.display(description="providers")
+    @admin.display(description=_("providers"))
     def stage_providers(self, turn: Turn) -> str:
         return ", ".join(f"{stage}: {kind}" for stage, kind in (turn.providers or {}).items()) or "—"
 
-    @admin.display(description="timings (ms after speech end)")
+    @admin.display(description=_("timings (ms after speech end)"))
     def stage_timings(self, turn: Turn) -> str:
         return ", ".join(f"{key} {value:g}" for key, value in (turn.timings or {}).items()) or "—"
 
-    @admin.display(description="user audio")
+    @admin.display(description=_("user audio"))
     def audio(self, turn: Turn) -> str:
         if not turn.user_audio:
             return "—"
@@ -173,7 +183,7 @@ class ConversationAdmin(admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
         return super().get_queryset(request).annotate(turn_count=Count("turns"))
 
-    @admin.display(description="turns", ordering="turn_count")
+    @admin.display(description=_("turns"), ordering="turn_count")
     def turn_count(self, conversation: Conversation) -> int:
         return getattr(conversation, "turn_count", 0)
 
@@ -199,15 +209,15 @@ class TurnAdmin(admin.ModelAdmin):
         # The list shows two short texts; the JSON blobs stay in the database until opened.
         return super().get_queryset(request).defer("tool_calls", "timings", "providers")
 
-    @admin.display(description="device", ordering="conversation__device")
+    @admin.display(description=_("device"), ordering="conversation__device")
     def device(self, turn: Turn) -> Any:
         return turn.conversation.device
 
-    @admin.display(description="user said")
+    @admin.display(description=_("user said"))
     def said(self, turn: Turn) -> str:
         return _short(turn.user_text)
 
-    @admin.display(description="reply")
+    @admin.display(description=_("reply"))
     def replied(self, turn: Turn) -> str:
         return _short(turn.reply_text)
 
