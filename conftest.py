@@ -83,6 +83,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     return report
 
 
+@pytest.fixture(autouse=True)
+def _default_language() -> Iterator[None]:
+    """A request with Accept-Language leaves its language active in the test's thread
+    (LocaleMiddleware never deactivates it); reset so the next test starts in the default."""
+    yield
+    from django.utils import translation
+
+    translation.deactivate()
+
+
 @pytest.fixture
 def redis_url() -> str:
     from django.conf import settings

@@ -108,3 +108,11 @@ def test_management_commands_speak_the_configured_language(db: None) -> None:
         Device.objects.create(mac="02:00:00:00:00:09", is_online=True)
         call_command("devices_startup", stdout=out)
     assert out.getvalue().strip() == "上次运行遗留的 1 台在线设备已标记为离线。"
+
+
+def test_device_api_errors_stay_english_with_stable_codes_for_a_chinese_client(client: Client) -> None:
+    response = client.post("/xiaozhi/ota/", data="{}", content_type="application/json",
+                           HTTP_ACCEPT_LANGUAGE="zh-CN", HTTP_CLIENT_ID="c1")
+    assert response.status_code == 400
+    assert response.json() == {"error": "missing_device_id",
+                               "message": "The Device-Id header (the MAC address) is required."}
