@@ -12,7 +12,17 @@ from conversations.pipeline.prompt import render_system_prompt
 from conversations.selectors import persona_config
 
 pytestmark = pytest.mark.django_db
+english_migration = importlib.import_module("conversations.migrations.0003_default_persona")
 migration = importlib.import_module("conversations.migrations.0005_chinese_default_persona")
+
+
+@pytest.fixture(autouse=True)
+def shipped_personas() -> None:
+    """The personas as a fresh `migrate` leaves them (a transactional test elsewhere may have
+    flushed the migrations' rows from the shared test database)."""
+    Persona.objects.all().delete()
+    english_migration.create_default_persona(apps, None)
+    migration.create_chinese_persona(apps, None)
 
 
 def test_a_chinese_persona_ships_beside_the_english_default() -> None:

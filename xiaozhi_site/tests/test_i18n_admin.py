@@ -9,6 +9,7 @@ so whoever added them can run `make messages` and translate (docs/i18n.md).
 """
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections.abc import Iterator
@@ -122,13 +123,19 @@ def english_left(page: str, html: str, data_words: set[str]) -> list[Offence]:
 # -- the data the pages show -------------------------------------------------------------------
 
 
+def chinese_persona() -> Persona:
+    """The shipped 小智 persona (re-created if a transactional test flushed the migration's row)."""
+    importlib.import_module("conversations.migrations.0005_chinese_default_persona").create_chinese_persona(apps, None)
+    return Persona.objects.get(name="小智")
+
+
 @pytest.fixture
 def fleet(settings: Any, tmp_path: Path) -> dict[str, models.Model]:
     """One object of every model, with realistic values, so change pages and lists render."""
     settings.MEDIA_ROOT = tmp_path
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     owner = get_user_model().objects.create_user("operator", "operator@example.com", "pw")
-    persona = Persona.objects.get(name="小智")
+    persona = chinese_persona()
     device = Device.objects.create(
         mac="02:00:00:00:00:01", name="客厅音箱", board_type="bread-compact-wifi", firmware_version="2.4.2",
         owner=owner, persona=persona, bound_at=timezone.now(), location="上海", timezone="Asia/Shanghai",

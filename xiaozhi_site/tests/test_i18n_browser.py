@@ -6,8 +6,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from conversations.models import Conversation, Persona, Turn
+from conversations.models import Conversation, Turn
 from devices.models import Device
+from xiaozhi_site.tests.test_i18n_admin import chinese_persona
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -21,7 +22,7 @@ def _click_language(browser: Any, code: str) -> None:
 def test_a_chinese_browser_sees_the_admin_in_chinese_and_switches_to_english_and_back(
     asgi_server: Any, browser_factory: Any, staff_user: Any
 ) -> None:
-    persona = Persona.objects.get(name="小智")
+    persona = chinese_persona()
     device = Device.objects.create(mac="02:00:00:00:00:21", name="客厅音箱", board_type="bread-compact-wifi",
                                    owner=staff_user, persona=persona, bound_at=timezone.now(), is_online=True)
     conversation = Conversation.objects.create(session_id="s-zh-1", device=device, persona=persona)
