@@ -21,6 +21,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext_lazy
 
 from devices.commands import (
     DeviceCommandError,
@@ -92,20 +93,20 @@ def _bound_form(form_class: type[forms.Form], request: HttpRequest) -> forms.For
     return form_class(request.POST if "apply" in request.POST else None)
 
 
-# The sentences differ by command so each language can word them naturally.
+# Whole sentences per command, so each language can word them naturally; plural by "total".
 _SENT = {
-    "reboot": lambda total: ngettext("Reboot sent to %(sent)d of %(total)d device.",
-                                     "Reboot sent to %(sent)d of %(total)d devices.", total),
-    "alert": lambda total: ngettext("Alert sent to %(sent)d of %(total)d device.",
-                                    "Alert sent to %(sent)d of %(total)d devices.", total),
-    "say": lambda total: ngettext("Text sent to %(sent)d of %(total)d device.",
-                                  "Text sent to %(sent)d of %(total)d devices.", total),
+    "reboot": ngettext_lazy("Reboot sent to %(sent)d of %(total)d device.",
+                            "Reboot sent to %(sent)d of %(total)d devices.", "total"),
+    "alert": ngettext_lazy("Alert sent to %(sent)d of %(total)d device.",
+                           "Alert sent to %(sent)d of %(total)d devices.", "total"),
+    "say": ngettext_lazy("Text sent to %(sent)d of %(total)d device.",
+                         "Text sent to %(sent)d of %(total)d devices.", "total"),
 }
 
 
 def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, what: str, sent: int, total: int) -> None:
     level = messages.SUCCESS if sent == total else messages.WARNING
-    text = _SENT[what](total) % {"sent": sent, "total": total}
+    text = _SENT[what] % {"sent": sent, "total": total}
     if sent < total:
         offline = total - sent
         text += " " + ngettext("%(count)d is offline.", "%(count)d are offline.", offline) % {"count": offline}
@@ -162,7 +163,8 @@ def _call_one(modeladmin: admin.ModelAdmin, request: HttpRequest, device: Device
         result = device_mcp_call(device=device, name=data["tool"], arguments=data["arguments"],
                                  timeout=data["timeout"])
     except DeviceCommandError as exc:
-        text = gettext("%(mac)s: %(tool)s failed: %(error)s") % {"mac": device.mac, "tool": data["tool"], "error": exc}
+        text = gettext("%(mac)s: %(tool)s failed: %(error)s") % {
+            "mac": device.mac, "tool": data["tool"], "error": exc}
         modeladmin.message_user(request, text, messages.ERROR)
         return
     preview = result if len(result) <= RESULT_PREVIEW_CHARS else result[:RESULT_PREVIEW_CHARS] + "…"
