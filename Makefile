@@ -4,19 +4,21 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
-APT_PACKAGES := libopus0 espeak-ng gettext chromium chromium-driver fonts-noto-color-emoji
+# fonts-wqy-microhei: CJK glyphs for headless Chromium (screenshots of the Chinese admin);
+# fonts-noto-color-emoji: the emotion emoji in screenshots of the review pages.
+APT_PACKAGES := libopus0 espeak-ng gettext chromium chromium-driver fonts-wqy-microhei fonts-noto-color-emoji
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast system-deps deps bench clean
+.PHONY: run test test-fast system-deps deps translations messages bench clean
 
-run: system-deps deps
+run: system-deps deps translations
 	$(PY) -m xiaozhi_site.runner
 
-test: system-deps deps
+test: system-deps deps translations
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Unit tier only: no server processes, no Whisper.
-test-fast: deps
+test-fast: deps translations
 	$(PY) -m pytest -m "not e2e and not slow" $(PYTEST_ARGS)
 
 system-deps:
@@ -27,6 +29,18 @@ system-deps:
 	fi
 
 deps: $(STAMP)
+
+# Compiled catalogues (locale/*/LC_MESSAGES/*.mo) are build output, made from the committed
+# .po files; compilemessages skips those already up to date (docs/i18n.md).
+I18N_IGNORE := --ignore .venv --ignore var --ignore node_modules --ignore .git
+translations: deps
+	$(PY) manage.py compilemessages $(I18N_IGNORE) -v 0
+
+# After adding or changing translatable strings: update the catalogue, translate the new
+# entries in locale/zh_Hans/LC_MESSAGES/django.po, then `make translations` (docs/i18n.md).
+messages: deps
+	$(PY) manage.py makemessages --locale zh_Hans --add-location file --no-obsolete $(I18N_IGNORE) \
+		--ignore bench --ignore docs --ignore testing --ignore '*/tests/*'
 
 $(STAMP): requirements.txt requirements-nodeps.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)

@@ -9,8 +9,10 @@ Tiers:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +33,24 @@ def _redis_reachable(url: str) -> bool:
         return False
 
 
+def _compile_translations() -> None:
+    """Build the .mo catalogues from the committed .po files when they are missing or stale,
+    as `make test` does, so a bare `pytest` (and the servers it starts) runs translated."""
+    from django.conf import settings
+    from django.core.management import call_command
+
+    stale = [
+        po for path in settings.LOCALE_PATHS for po in Path(path).glob("*/LC_MESSAGES/*.po")
+        if not po.with_suffix(".mo").exists() or po.with_suffix(".mo").stat().st_mtime < po.stat().st_mtime
+    ]
+    if stale:
+        locales = sorted({po.parent.parent.name for po in stale})
+        with contextlib.chdir(settings.BASE_DIR):
+            call_command("compilemessages", locale=locales, ignore_patterns=[".venv", "var", ".git"], verbosity=0)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _compile_translations()
     if not INTEGRATION:
         return
     from django.conf import settings
@@ -62,6 +81,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         report.outcome = "failed"
         report.longrepr = f"integration test skipped while XIAOZHI_INTEGRATION=1: {report.longrepr}"
     return report
+
+
+@pytest.fixture(autouse=True)
+def _default_language() -> Iterator[None]:
+    """A request with Accept-Language leaves its language active in the test's thread
+    (LocaleMiddleware never deactivates it); reset so the next test starts in the default."""
+    yield
+    from django.utils import translation
+
+    translation.deactivate()
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from django.utils.text import format_lazy
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
@@ -57,7 +59,8 @@ class KindListField(forms.CharField):
     def __init__(self, stage: str, **kwargs: Any) -> None:
         self.stage = stage
         known = ", ".join(registry.REGISTRY[stage])
-        kwargs.setdefault("help_text", f"In fallback order, comma-separated. Known: {known}.")
+        # Lazy so the text follows each request's language; the kinds are identifiers.
+        kwargs.setdefault("help_text", format_lazy(_("In fallback order, comma-separated. Known: {known}."), known=known))
         super().__init__(**kwargs)
 
     def prepare_value(self, value: Any) -> Any:
@@ -71,12 +74,13 @@ class KindListField(forms.CharField):
 
     def validate(self, value: list[str]) -> None:  # type: ignore[override]
         if not value:
-            raise forms.ValidationError("Name at least one provider.")
+            raise forms.ValidationError(gettext("Name at least one provider."))
         unknown = [kind for kind in value if kind not in registry.REGISTRY[self.stage]]
         if unknown:
-            raise forms.ValidationError(f"Unknown {self.stage} provider(s): {', '.join(unknown)}.")
+            raise forms.ValidationError(gettext("Unknown %(stage)s providers: %(kinds)s.") % {
+                "stage": self.stage.upper(), "kinds": ", ".join(unknown)})
         if len(set(value)) != len(value):
-            raise forms.ValidationError("Each provider may appear only once.")
+            raise forms.ValidationError(gettext("Each provider may appear only once."))
 
 
 class LineListField(forms.CharField):
@@ -94,14 +98,19 @@ class LineListField(forms.CharField):
 
 
 class PersonaAdminForm(forms.ModelForm):
-    asr_providers = KindListField("asr", label="ASR providers")
-    llm_providers = KindListField("llm", label="LLM providers")
-    tts_providers = KindListField("tts", label="TTS providers")
-    exit_phrases = LineListField(required=False, help_text="One per line; matched without case or punctuation.")
-    device_tool_exclusions = LineListField(required=False, help_text="Device tool names to hide, one per line.")
+    asr_providers = KindListField("asr", label=_("ASR providers"))
+    llm_providers = KindListField("llm", label=_("LLM providers"))
+    tts_providers = KindListField("tts", label=_("TTS providers"))
+    exit_phrases = LineListField(
+        label=_("Exit phrases"), required=False, help_text=_("One per line; matched without case or punctuation.")
+    )
+    device_tool_exclusions = LineListField(
+        label=_("Excluded device tools"), required=False, help_text=_("Device tool names to hide, one per line.")
+    )
+    # Tool names are identifiers the LLM sees; they are shown as they are.
     server_tools = forms.MultipleChoiceField(
-        choices=[(name, name) for name in BUILTIN_TOOLS], required=False,
-        widget=forms.CheckboxSelectMultiple, help_text="Built-in tools offered; none ticked offers all.",
+        label=_("Server tools"), choices=[(name, name) for name in BUILTIN_TOOLS], required=False,
+        widget=forms.CheckboxSelectMultiple, help_text=_("Built-in tools offered; none ticked offers all."),
     )
 
     class Meta:
@@ -115,7 +124,7 @@ class PersonaAdminForm(forms.ModelForm):
         data = super().clean() or {}
         high, low = data.get("vad_threshold"), data.get("vad_threshold_low")
         if high is not None and low is not None and low > high:
-            self.add_error("vad_threshold_low", "Must not be above the speech threshold.")
+            self.add_error("vad_threshold_low", gettext("Must not be above the speech threshold."))
         return data
 
 
@@ -129,17 +138,17 @@ class PersonaAdmin(admin.ModelAdmin):
     readonly_fields = ("created_at", "updated_at")
     fieldsets = (
         (None, {"fields": ("name", "description", "is_default")}),
-        ("Prompt and phrases", {"fields": ("system_prompt", "language", "greeting", "farewell", "exit_phrases")}),
-        ("Voice and models", {"fields": (
+        (_("Prompt and phrases"), {"fields": ("system_prompt", "language", "greeting", "farewell", "exit_phrases")}),
+        (_("Voice and models"), {"fields": (
             "voice", "asr_providers", "llm_providers", "tts_providers", "llm_model", "temperature",
             "max_tokens", "context_turns",
         )}),
-        ("Turn-taking (voice activity detection)", {"fields": (
+        (_("Turn-taking (voice activity detection)"), {"fields": (
             "vad_threshold", "vad_threshold_low", "vad_min_silence_ms",
         )}),
-        ("Tools", {"fields": ("server_tools", "mcp_servers", "device_tools_enabled", "device_tool_exclusions")}),
+        (_("Tools"), {"fields": ("server_tools", "mcp_servers", "device_tools_enabled", "device_tool_exclusions")}),
         (_("Conversation review"), {"fields": ("record_audio",)}),
-        ("Record", {"classes": ("collapse",), "fields": ("created_at", "updated_at")}),
+        (_("Record"), {"classes": ("collapse",), "fields": ("created_at", "updated_at")}),
     )
 
     @admin.display(description="ASR / LLM / TTS")

@@ -6,6 +6,7 @@ from importlib import import_module
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.translation import gettext_lazy as _
 
 logger = logging.getLogger(__name__)
 
@@ -13,6 +14,7 @@ logger = logging.getLogger(__name__)
 class ConversationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "conversations"
+    verbose_name = _("Conversations")
 
     def ready(self) -> None:
         from conversations import recording  # noqa: F401, PLC0415 - connects the file-deleting signal

@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from conversations.providers import registry
@@ -35,51 +36,83 @@ def _default_tts() -> list[str]:
 
 
 class Persona(models.Model):
-    name = models.CharField(max_length=100, unique=True)
-    description = models.CharField(max_length=300, blank=True, help_text="Shown to the LLM when listing characters.")
-    system_prompt = models.TextField(
-        default=DEFAULT_SYSTEM_PROMPT,
-        help_text="Placeholders: {persona_name} {current_time} {device_name} {location} {language}.",
+    name = models.CharField(_("name"), max_length=100, unique=True)
+    description = models.CharField(
+        _("description"), max_length=300, blank=True, help_text=_("Shown to the LLM when listing characters.")
     )
-    language = models.CharField(max_length=8, choices=LANGUAGES, default="en")
-    voice = models.CharField(max_length=100, blank=True, help_text="TTS voice; empty picks one for the language.")
+    system_prompt = models.TextField(
+        _("system prompt"), default=DEFAULT_SYSTEM_PROMPT,
+        help_text=_(
+            "Placeholders: {persona_name} the persona's name, {current_time} the device's local date and "
+            "time, {device_name} the device's name, {location} the device's city, {language} the reply "
+            "language."
+        ),
+    )
+    language = models.CharField(_("language"), max_length=8, choices=LANGUAGES, default="en")
+    voice = models.CharField(
+        _("voice"), max_length=100, blank=True, help_text=_("TTS voice; empty picks one for the language.")
+    )
 
     # Ordered fallback lists of provider kinds (see conversations/providers/registry.py).
-    asr_providers = models.JSONField(default=_default_asr)
-    llm_providers = models.JSONField(default=_default_llm)
-    tts_providers = models.JSONField(default=_default_tts)
+    asr_providers = models.JSONField(_("ASR providers"), default=_default_asr)
+    llm_providers = models.JSONField(_("LLM providers"), default=_default_llm)
+    tts_providers = models.JSONField(_("TTS providers"), default=_default_tts)
 
-    llm_model = models.CharField(max_length=100, blank=True, help_text="Empty: LLM_MODEL from the environment.")
-    temperature = models.FloatField(default=0.7, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)])
-    max_tokens = models.PositiveIntegerField(default=512, validators=[MinValueValidator(1)])
-    context_turns = models.PositiveSmallIntegerField(default=10, help_text="Past turns kept in the LLM context.")
+    llm_model = models.CharField(
+        _("LLM model"), max_length=100, blank=True, help_text=_("Empty: LLM_MODEL from the environment.")
+    )
+    temperature = models.FloatField(
+        _("temperature"), default=0.7, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)]
+    )
+    max_tokens = models.PositiveIntegerField(_("max tokens"), default=512, validators=[MinValueValidator(1)])
+    context_turns = models.PositiveSmallIntegerField(
+        _("context turns"), default=10, help_text=_("Past turns kept in the LLM context.")
+    )
 
-    vad_threshold = models.FloatField(default=0.5, validators=[MinValueValidator(0.05), MaxValueValidator(0.99)])
-    vad_threshold_low = models.FloatField(default=0.3, validators=[MinValueValidator(0.01), MaxValueValidator(0.99)])
-    vad_min_silence_ms = models.PositiveIntegerField(default=600, validators=[MinValueValidator(100)])
+    vad_threshold = models.FloatField(
+        _("speech threshold"), default=0.5, validators=[MinValueValidator(0.05), MaxValueValidator(0.99)]
+    )
+    vad_threshold_low = models.FloatField(
+        _("silence threshold"), default=0.3, validators=[MinValueValidator(0.01), MaxValueValidator(0.99)]
+    )
+    vad_min_silence_ms = models.PositiveIntegerField(
+        _("end-of-speech silence (ms)"), default=600, validators=[MinValueValidator(100)]
+    )
 
-    greeting = models.CharField(max_length=300, blank=True, help_text="Spoken when the wake word is detected.")
-    exit_phrases = models.JSONField(default=list, blank=True, help_text='e.g. ["goodbye", "再见"]')
-    farewell = models.CharField(max_length=300, default="Goodbye!", blank=True)
+    greeting = models.CharField(
+        _("greeting"), max_length=300, blank=True, help_text=_("Spoken when the wake word is detected.")
+    )
+    exit_phrases = models.JSONField(_("exit phrases"), default=list, blank=True, help_text=_('e.g. ["goodbye", "再见"]'))
+    farewell = models.CharField(
+        _("farewell"), max_length=300, default="Goodbye!", blank=True,
+        help_text=_(
+            "Said before the device hangs up after a silence, an exit phrase or the end of a conversation. "
+            "The stock “Goodbye!” is said in the persona's language. Empty: no farewell after a silence."
+        ),
+    )
 
     server_tools = models.JSONField(
-        null=True, blank=True, help_text="Allowed built-in tool names; empty/null allows all."
+        _("server tools"), null=True, blank=True, help_text=_("Allowed built-in tool names; empty/null allows all.")
     )
-    mcp_servers = models.ManyToManyField("tools.McpServer", blank=True, related_name="personas")
-    device_tools_enabled = models.BooleanField(default=True)
-    device_tool_exclusions = models.JSONField(default=list, blank=True)
+    mcp_servers = models.ManyToManyField(
+        "tools.McpServer", blank=True, related_name="personas", verbose_name=_("MCP servers")
+    )
+    device_tools_enabled = models.BooleanField(_("device tools enabled"), default=True)
+    device_tool_exclusions = models.JSONField(_("excluded device tools"), default=list, blank=True)
 
     record_audio = models.BooleanField(
         _("record audio"), default=True,
         help_text=_("Keep the audio of this persona's turns for review (as far as XIAOZHI_RECORDING allows)."),
     )
 
-    is_default = models.BooleanField(default=False)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    is_default = models.BooleanField(_("default"), default=False)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
         ordering = ["name"]
+        verbose_name = _("persona")
+        verbose_name_plural = _("personas")
 
     def __str__(self) -> str:
         return self.name
@@ -96,17 +129,20 @@ HAS_AUDIO = ~Q(user_audio="") | ~Q(reply_audio="")
 class Conversation(models.Model):
     SOURCE_DEVICE = "device"
     SOURCE_GATEWAY = "gateway"
-    SOURCES = [(SOURCE_DEVICE, "Device"), (SOURCE_GATEWAY, "LLM Gateway")]
+    SOURCES = [(SOURCE_DEVICE, _("Device")), (SOURCE_GATEWAY, _("LLM Gateway"))]
 
-    session_id = models.CharField(max_length=64, db_index=True)
-    source = models.CharField(max_length=10, choices=SOURCES, default=SOURCE_DEVICE)
+    session_id = models.CharField(_("session ID"), max_length=64, db_index=True)
+    source = models.CharField(_("source"), max_length=10, choices=SOURCES, default=SOURCE_DEVICE)
     device = models.ForeignKey(
-        "devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="conversations"
+        "devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="conversations",
+        verbose_name=_("device"),
     )
-    persona = models.ForeignKey(Persona, null=True, blank=True, on_delete=models.SET_NULL)
-    client_address = models.CharField(max_length=100, blank=True)
-    started_at = models.DateTimeField(auto_now_add=True)
-    ended_at = models.DateTimeField(null=True, blank=True)
+    persona = models.ForeignKey(
+        Persona, null=True, blank=True, on_delete=models.SET_NULL, verbose_name=_("persona")
+    )
+    client_address = models.CharField(_("client address"), max_length=100, blank=True)
+    started_at = models.DateTimeField(_("started at"), auto_now_add=True)
+    ended_at = models.DateTimeField(_("ended at"), null=True, blank=True)
 
     class Meta:
         ordering = ["-started_at"]
@@ -115,36 +151,44 @@ class Conversation(models.Model):
             models.Index(fields=["-started_at"], name="conversation_started"),
             models.Index(fields=["device", "-started_at"], name="conversation_device_started"),
         ]
+        verbose_name = _("conversation")
+        verbose_name_plural = _("conversations")
 
     def __str__(self) -> str:
         return f"{self.get_source_display()} {self.session_id}"
 
 
 class Turn(models.Model):
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turns")
-    index = models.PositiveIntegerField()
-    user_text = models.TextField(blank=True)
-    reply_text = models.TextField(blank=True)
-    emotion = models.CharField(max_length=20, blank=True)
-    tool_calls = models.JSONField(default=list, blank=True)
-    providers = models.JSONField(default=dict, blank=True, help_text="Provider used at each stage.")
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="turns", verbose_name=_("conversation")
+    )
+    index = models.PositiveIntegerField(_("index"))
+    user_text = models.TextField(_("user said"), blank=True)
+    reply_text = models.TextField(_("reply"), blank=True)
+    emotion = models.CharField(_("emotion"), max_length=20, blank=True)
+    tool_calls = models.JSONField(_("tool calls"), default=list, blank=True)
+    providers = models.JSONField(_("providers"), default=dict, blank=True, help_text=_("Provider used at each stage."))
     # Every provider tried per stage, in order, failures included (conversations/capture.py):
     # {"tts": [{"kind": "edge", "ok": false, "error": "ClientConnectorDNSError", "ms": 12.0},
     #          {"kind": "espeak", "ok": true, "ms": 15.0}]}
     provider_attempts = models.JSONField(_("provider attempts"), default=dict, blank=True)
-    timings = models.JSONField(default=dict, blank=True, help_text="Milliseconds since speech end, per stage.")
-    interrupted = models.BooleanField(default=False)
-    error = models.CharField(max_length=200, blank=True)
+    timings = models.JSONField(
+        _("timings"), default=dict, blank=True, help_text=_("Milliseconds since speech end, per stage.")
+    )
+    interrupted = models.BooleanField(_("interrupted"), default=False)
+    error = models.CharField(_("error"), max_length=200, blank=True)
     # Ogg/Opus files in STORAGES["default"], written after the turn (conversations/recording.py)
     # and served only through the staff audio view; durations in milliseconds.
     user_audio = models.FileField(_("user audio"), upload_to=AUDIO_UPLOAD_TO, blank=True)
     reply_audio = models.FileField(_("reply audio"), upload_to=AUDIO_UPLOAD_TO, blank=True)
     user_audio_ms = models.PositiveIntegerField(_("user audio duration (ms)"), null=True, blank=True)
     reply_audio_ms = models.PositiveIntegerField(_("reply audio duration (ms)"), null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
         ordering = ["conversation", "index"]
+        verbose_name = _("turn")
+        verbose_name_plural = _("turns")
         constraints = [
             models.UniqueConstraint(fields=["conversation", "index"], name="unique_turn_index"),
         ]
@@ -158,4 +202,5 @@ class Turn(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"turn {self.index} of {self.conversation_id}"
+        return gettext("turn %(index)d of conversation %(conversation)s") % {
+            "index": self.index, "conversation": self.conversation_id}

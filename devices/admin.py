@@ -13,6 +13,7 @@ from django.template.response import TemplateResponse
 from django.template.defaultfilters import filesizeformat
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from devices.admin_actions import (
@@ -41,11 +42,11 @@ from devices.views import client_address
 
 
 class BoundFilter(admin.SimpleListFilter):
-    title = "bound"
+    title = _("bound")
     parameter_name = "bound"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [("yes", "Bound"), ("no", "Waiting for activation")]
+        return [("yes", _("Bound")), ("no", _("Waiting for activation"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Device]) -> QuerySet[Device]:
         if self.value() in ("yes", "no"):
@@ -72,18 +73,18 @@ class DeviceAdmin(admin.ModelAdmin):
     )
     fieldsets = (
         (None, {"fields": ("mac", "name", "owner", "persona", "bound_at", "location", "timezone")}),
-        ("Hardware and firmware", {"fields": (
+        (_("Hardware and firmware"), {"fields": (
             "client_id", "serial_number", "board_type", "board_name", "chip_model", "firmware_version",
             "flash_size", "minimum_free_heap", "language", "user_agent", "last_ip", "last_checkin_at",
         )}),
-        ("Presence and tokens", {"fields": (
+        (_("Presence and tokens"), {"fields": (
             "is_online", "online_since", "last_seen_at", "session_id", "token_generation",
         )}),
         (_("Conversations"), {"fields": ("conversation_history",)}),
-        ("Device tools (MCP)", {"classes": ("collapse",), "fields": (
+        (_("Device tools (MCP)"), {"classes": ("collapse",), "fields": (
             "mcp_server_info", "device_tools", "mcp_tools_updated_at",
         )}),
-        ("Record", {"fields": ("created_at", "updated_at")}),
+        (_("Record"), {"fields": ("created_at", "updated_at")}),
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Device]:
@@ -95,7 +96,7 @@ class DeviceAdmin(admin.ModelAdmin):
         # Operators paste MACs as printed on labels: AA-BB-CC-DD-EE-FF.
         return super().get_search_results(request, queryset, normalize_mac(search_term) or search_term)
 
-    @admin.display(description="Tools the device offers (user-only tools are never shown to the LLM)")
+    @admin.display(description=_("Tools the device offers (user-only tools are never shown to the LLM)"))
     def device_tools(self, device: Device) -> str:
         return device_tools_html(device)
 
@@ -103,25 +104,29 @@ class DeviceAdmin(admin.ModelAdmin):
     def conversation_history(self, device: Device) -> str:
         return device_history_html(device)
 
-    @admin.display(boolean=True, ordering="is_online")
+    @admin.display(description=_("online"), boolean=True, ordering="is_online")
     def online(self, device: Device) -> bool:
         return device.is_online
 
-    @admin.display(boolean=True, ordering="owner")
+    @admin.display(description=_("bound"), boolean=True, ordering="owner")
     def bound(self, device: Device) -> bool:
         return device.is_bound
 
-    @admin.action(description="Revoke tokens (the device must reboot to get a new one)")
+    @admin.action(description=_("Revoke tokens (the device must reboot to get a new one)"))
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[Device]) -> None:
         for device in queryset:
             device_revoke_tokens(device=device)
-        self.message_user(request, f"Revoked the tokens of {len(queryset)} device(s).", messages.SUCCESS)
+        count = len(queryset)
+        text = ngettext("Revoked the tokens of %(count)d device.", "Revoked the tokens of %(count)d devices.", count)
+        self.message_user(request, text % {"count": count}, messages.SUCCESS)
 
-    @admin.action(description="Unbind (the device asks for a new activation code)")
+    @admin.action(description=_("Unbind (the device asks for a new activation code)"))
     def unbind(self, request: HttpRequest, queryset: QuerySet[Device]) -> None:
         for device in queryset:
             device_unbind(device=device)
-        self.message_user(request, f"Unbound {len(queryset)} device(s).", messages.SUCCESS)
+        count = len(queryset)
+        text = ngettext("Unbound %(count)d device.", "Unbound %(count)d devices.", count)
+        self.message_user(request, text % {"count": count}, messages.SUCCESS)
 
     def get_urls(self) -> list[URLPattern]:
         bind = path("bind/", self.admin_site.admin_view(self.bind_view), name="devices_device_bind")
@@ -134,17 +139,19 @@ class DeviceAdmin(admin.ModelAdmin):
         if request.method == "POST" and form.is_valid():
             device = self._bind(request, form)
             if device is not None:
-                self.message_user(request, f"Bound {device} to {device.owner}.", messages.SUCCESS)
+                text = gettext("Bound %(device)s to %(owner)s.") % {"device": device, "owner": device.owner}
+                self.message_user(request, text, messages.SUCCESS)
                 return HttpResponseRedirect(reverse("admin:devices_device_change", args=[device.pk]))
         context = {**self.admin_site.each_context(request), "opts": self.opts, "form": form,
-                   "title": "Bind a device"}
+                   "title": _("Bind a device")}
         return TemplateResponse(request, "admin/devices/device/bind.html", context)
 
     def _bind(self, request: HttpRequest, form: DeviceBindForm) -> Device | None:
         # Counted before the lookup, so a right guess after the limit still fails.
         decision = rate_limit_hit(limit=code_entry_limit(), address=client_address(request) or "unknown")
         if not decision.allowed:
-            form.add_error("code", f"Too many attempts; try again in {decision.retry_after} s.")
+            form.add_error("code", gettext("Too many attempts; try again in %(seconds)s s.") % {
+                "seconds": decision.retry_after})
             return None
         try:
             return device_bind(code=form.cleaned_data["code"], owner=form.cleaned_data["owner"],
@@ -157,11 +164,11 @@ class DeviceAdmin(admin.ModelAdmin):
 class CodeStateFilter(admin.SimpleListFilter):
     """Defaults to the codes an operator can still enter."""
 
-    title = "state"
+    title = _("state")
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [("outstanding", "Outstanding"), ("used", "Used"), ("expired", "Expired"), ("all", "All")]
+        return [("outstanding", _("Outstanding")), ("used", _("Used")), ("expired", _("Expired")), ("all", _("All"))]
 
     def value(self) -> str:
         return super().value() or "outstanding"
@@ -211,11 +218,11 @@ class FirmwareReleaseAdmin(admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[FirmwareRelease]:
         return super().get_queryset(request).annotate(allowlist_size=Count("allowlist"))
 
-    @admin.display(description="size", ordering="size")
+    @admin.display(description=_("size"), ordering="size")
     def size_display(self, release: FirmwareRelease) -> str:
         return filesizeformat(release.size)
 
-    @admin.display(description="allowlist", ordering="allowlist_size")
+    @admin.display(description=_("allowlist"), ordering="allowlist_size")
     def allowlisted(self, release: FirmwareRelease) -> int:
         return release.allowlist_size  # type: ignore[attr-defined]
 
@@ -230,7 +237,7 @@ class DeviceKeyAdmin(admin.ModelAdmin):
     fields = ("serial_number", "fingerprint", "created_at")
     readonly_fields = ("serial_number", "fingerprint", "created_at")
 
-    @admin.display(description="key fingerprint")
+    @admin.display(description=_("key fingerprint"))
     def fingerprint(self, key: DeviceKey) -> str:
         # Never show the key itself: a short hash is enough to compare with the factory list.
         return hashlib.sha256(key.key_hex.lower().encode()).hexdigest()[:12]
@@ -250,12 +257,13 @@ class DeviceKeyAdmin(admin.ModelAdmin):
             self._import(request, form.cleaned_data["file"])
             return HttpResponseRedirect(reverse("admin:devices_devicekey_changelist"))
         context = {**self.admin_site.each_context(request), "opts": self.opts, "form": form,
-                   "title": "Upload device keys"}
+                   "title": _("Upload device keys")}
         return TemplateResponse(request, "admin/devices/devicekey/upload.html", context)
 
     def _import(self, request: HttpRequest, text: str) -> None:
         rows, errors = device_keys_parse_csv(text=text)
         result = device_keys_import(rows=rows)
-        self.message_user(request, f"Imported keys: {result.created} new, {result.updated} replaced.")
+        text = gettext("Imported keys: %(created)d new, %(updated)d replaced.")
+        self.message_user(request, text % {"created": result.created, "updated": result.updated})
         for error in [*errors, *result.errors][:20]:
             self.message_user(request, error, messages.WARNING)

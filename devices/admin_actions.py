@@ -8,7 +8,6 @@ show a small form (the standard intermediate-page pattern), then act on submit.
 """
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
@@ -17,10 +16,12 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.template import engines
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext_lazy
 
 from devices.commands import (
     DeviceCommandError,
@@ -35,52 +36,47 @@ from devices.protocol.messages import EMOTIONS
 ADMIN_TOOL_TIMEOUT = 10.0  # an admin page should not hang for the full 30 s default
 RESULT_PREVIEW_CHARS = 500
 
-_FORM_PAGE_SOURCE = """{% extends "admin/base_site.html" %}
-{% block content %}
-<form method="post">{% csrf_token %}
-<p>{{ intro }}</p>
-<ul>{% for device in devices %}
-<li>{{ device }} ({{ device.mac }}){% if not device.is_online %} — offline{% endif %}</li>
-{% endfor %}</ul>
-{{ form.as_p }}
-{% for device in devices %}<input type="hidden" name="{{ checkbox }}" value="{{ device.pk }}">{% endfor %}
-<input type="hidden" name="action" value="{{ action }}">
-<input type="hidden" name="apply" value="1">
-<input type="submit" value="{{ submit }}">
-</form>
-{% endblock %}"""
+ACTION_FORM_TEMPLATE = "admin/devices/device/action_form.html"
 
 
-@functools.cache
-def _form_template() -> Any:
-    # Built on first use: template engines are configured only once Django is set up.
-    return engines["django"].from_string(_FORM_PAGE_SOURCE)
+# Labels for the firmware's emotion names (the values sent stay the identifiers).
+EMOTION_LABELS = {
+    "neutral": _("neutral"), "happy": _("happy"), "laughing": _("laughing"), "funny": _("funny"),
+    "sad": _("sad"), "angry": _("angry"), "crying": _("crying"), "loving": _("loving"),
+    "embarrassed": _("embarrassed"), "surprised": _("surprised"), "shocked": _("shocked"),
+    "thinking": _("thinking"), "winking": _("winking"), "cool": _("cool"), "relaxed": _("relaxed"),
+    "delicious": _("delicious"), "kissy": _("kissy"), "confident": _("confident"), "sleepy": _("sleepy"),
+    "silly": _("silly"), "confused": _("confused"),
+}
 
 
 class AlertForm(forms.Form):
-    message = forms.CharField(max_length=200)
-    status = forms.CharField(max_length=50, initial="Notice")
-    emotion = forms.ChoiceField(choices=[(e, e) for e in EMOTIONS], initial="neutral")
+    message = forms.CharField(label=_("Message"), max_length=200)
+    status = forms.CharField(label=_("Status"), max_length=50, initial=_("Notice"))
+    emotion = forms.ChoiceField(
+        label=_("Emotion"), choices=[(e, EMOTION_LABELS.get(e, e)) for e in EMOTIONS], initial="neutral"
+    )
 
 
 class SayForm(forms.Form):
-    text = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 3}))
+    text = forms.CharField(label=_("Text"), max_length=500, widget=forms.Textarea(attrs={"rows": 3}))
 
 
 class McpCallForm(forms.Form):
-    tool = forms.CharField(max_length=200, help_text="e.g. self.get_device_status")
-    arguments = forms.CharField(required=False, initial="{}", widget=forms.Textarea(attrs={"rows": 3}),
-                                help_text="A JSON object.")
-    timeout = forms.FloatField(min_value=0.5, max_value=60, initial=ADMIN_TOOL_TIMEOUT)
+    tool = forms.CharField(label=_("Tool"), max_length=200, help_text=_("e.g. self.get_device_status"))
+    arguments = forms.CharField(label=_("Arguments"), required=False, initial="{}",
+                                widget=forms.Textarea(attrs={"rows": 3}), help_text=_("A JSON object."))
+    timeout = forms.FloatField(label=_("Timeout (s)"), min_value=0.5, max_value=60, initial=ADMIN_TOOL_TIMEOUT)
 
     def clean_arguments(self) -> dict[str, Any]:
         text = self.cleaned_data.get("arguments") or "{}"
         try:
             value = json.loads(text)
-        except ValueError as exc:
-            raise forms.ValidationError(f"Not valid JSON: {exc}") from None
+        except json.JSONDecodeError as exc:
+            text = gettext("Not valid JSON (line %(line)d, column %(column)d).")
+            raise forms.ValidationError(text % {"line": exc.lineno, "column": exc.colno}) from None
         if not isinstance(value, dict):
-            raise forms.ValidationError("Arguments must be a JSON object.")
+            raise forms.ValidationError(gettext("Arguments must be a JSON object."))
         return value
 
 
@@ -90,59 +86,73 @@ def _form_page(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Que
         **modeladmin.admin_site.each_context(request), "title": intro, "intro": intro, "form": form,
         "devices": list(queryset), "action": action, "submit": submit, "checkbox": ACTION_CHECKBOX_NAME,
     }
-    return TemplateResponse(request, _form_template(), context)
+    return TemplateResponse(request, ACTION_FORM_TEMPLATE, context)
 
 
 def _bound_form(form_class: type[forms.Form], request: HttpRequest) -> forms.Form:
     return form_class(request.POST if "apply" in request.POST else None)
 
 
+# Whole sentences per command, so each language can word them naturally; plural by "total".
+_SENT = {
+    "reboot": ngettext_lazy("Reboot sent to %(sent)d of %(total)d device.",
+                            "Reboot sent to %(sent)d of %(total)d devices.", "total"),
+    "alert": ngettext_lazy("Alert sent to %(sent)d of %(total)d device.",
+                           "Alert sent to %(sent)d of %(total)d devices.", "total"),
+    "say": ngettext_lazy("Text sent to %(sent)d of %(total)d device.",
+                         "Text sent to %(sent)d of %(total)d devices.", "total"),
+}
+
+
 def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, what: str, sent: int, total: int) -> None:
     level = messages.SUCCESS if sent == total else messages.WARNING
-    offline = f" ({total - sent} offline)" if sent < total else ""
-    modeladmin.message_user(request, f"{what} sent to {sent} of {total} device(s){offline}.", level)
+    text = _SENT[what] % {"sent": sent, "total": total}
+    if sent < total:
+        offline = total - sent
+        text += " " + ngettext("%(count)d is offline.", "%(count)d are offline.", offline) % {"count": offline}
+    modeladmin.message_user(request, text, level)
 
 
-@admin.action(description="Reboot selected devices")
+@admin.action(description=_("Reboot selected devices"))
 def reboot_devices(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device]) -> None:
     devices = list(queryset)
     sent = sum(device_reboot(device=device) for device in devices)
-    _report(modeladmin, request, "Reboot", sent, len(devices))
+    _report(modeladmin, request, "reboot", sent, len(devices))
 
 
-@admin.action(description="Show an alert on selected devices")
+@admin.action(description=_("Show an alert on selected devices"))
 def alert_devices(modeladmin: admin.ModelAdmin, request: HttpRequest,
                   queryset: QuerySet[Device]) -> TemplateResponse | None:
     form = _bound_form(AlertForm, request)
     if not form.is_bound or not form.is_valid():
         return _form_page(modeladmin, request, queryset, form, action="alert_devices",
-                          intro="Show an alert on these devices", submit="Send alert")
+                          intro=_("Show an alert on these devices"), submit=_("Send alert"))
     devices = list(queryset)
     sent = sum(device_alert(device=device, **form.cleaned_data) for device in devices)
-    _report(modeladmin, request, "Alert", sent, len(devices))
+    _report(modeladmin, request, "alert", sent, len(devices))
     return None
 
 
-@admin.action(description="Say a text on selected devices")
+@admin.action(description=_("Say a text on selected devices"))
 def say_on_devices(modeladmin: admin.ModelAdmin, request: HttpRequest,
                    queryset: QuerySet[Device]) -> TemplateResponse | None:
     form = _bound_form(SayForm, request)
     if not form.is_bound or not form.is_valid():
         return _form_page(modeladmin, request, queryset, form, action="say_on_devices",
-                          intro="Speak a text on these devices", submit="Say it")
+                          intro=_("Speak a text on these devices"), submit=_("Say it"))
     devices = list(queryset)
     sent = sum(device_say(device=device, text=form.cleaned_data["text"]) for device in devices)
-    _report(modeladmin, request, "Text", sent, len(devices))
+    _report(modeladmin, request, "say", sent, len(devices))
     return None
 
 
-@admin.action(description="Call a device tool (MCP) on selected devices")
+@admin.action(description=_("Call a device tool (MCP) on selected devices"))
 def call_device_tool(modeladmin: admin.ModelAdmin, request: HttpRequest,
                      queryset: QuerySet[Device]) -> TemplateResponse | None:
     form = _bound_form(McpCallForm, request)
     if not form.is_bound or not form.is_valid():
         return _form_page(modeladmin, request, queryset, form, action="call_device_tool",
-                          intro="Call a device tool", submit="Call tool")
+                          intro=_("Call a device tool"), submit=_("Call tool"))
     for device in queryset:
         _call_one(modeladmin, request, device, form.cleaned_data)
     return None
@@ -153,7 +163,9 @@ def _call_one(modeladmin: admin.ModelAdmin, request: HttpRequest, device: Device
         result = device_mcp_call(device=device, name=data["tool"], arguments=data["arguments"],
                                  timeout=data["timeout"])
     except DeviceCommandError as exc:
-        modeladmin.message_user(request, f"{device.mac}: {data['tool']} failed: {exc}", messages.ERROR)
+        text = gettext("%(mac)s: %(tool)s failed: %(error)s") % {
+            "mac": device.mac, "tool": data["tool"], "error": exc}
+        modeladmin.message_user(request, text, messages.ERROR)
         return
     preview = result if len(result) <= RESULT_PREVIEW_CHARS else result[:RESULT_PREVIEW_CHARS] + "…"
     modeladmin.message_user(request, f"{device.mac}: {data['tool']} → {preview}", messages.SUCCESS)
@@ -163,20 +175,20 @@ def device_tools_html(device: Device) -> SafeString:
     """The stored device tool list as a table; user-only tools (never offered to the LLM) marked."""
     tools = device.mcp_tools if isinstance(device.mcp_tools, list) else []
     if not tools:
-        return format_html("<em>{}</em>", "No tools listed yet (the device lists them when it connects).")
+        return format_html("<em>{}</em>", gettext("No tools listed yet (the device lists them when it connects)."))
     rows = format_html_join("", "<tr><td><code>{}</code>{}</td><td>{}</td><td><code>{}</code></td></tr>", (
         (tool.get("name", ""), _user_only_badge(tool), tool.get("description", ""), _parameters(tool))
         for tool in tools if isinstance(tool, dict)
     ))
     return format_html(
-        '<table><thead><tr><th>Tool</th><th>Description</th><th>Parameters</th></tr></thead>'
-        "<tbody>{}</tbody></table>", rows,
+        "<table><thead><tr><th>{}</th><th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>",
+        gettext("Tool"), gettext("Description"), gettext("Parameters"), rows,
     )
 
 
 def _user_only_badge(tool: dict[str, Any]) -> SafeString:
     if tool.get("user_only"):
-        return format_html(' <strong title="{}">[user only]</strong>', "Not offered to the LLM")
+        return format_html(' <strong title="{}">[{}]</strong>', gettext("Not offered to the LLM"), gettext("user only"))
     return SafeString("")
 
 

@@ -10,6 +10,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import UploadedFile
 from django.core.validators import RegexValidator
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from devices.models import FirmwareRelease
 from devices.versions import APP_IMAGE_HEAD_BYTES, app_image_version, is_numeric_version
@@ -20,7 +22,7 @@ MAX_KEY_CSV_BYTES = 2 * 1024 * 1024
 def validate_numeric_version(value: str) -> None:
     """The firmware compares versions with std::stoi per segment: only plain numbers are safe."""
     if not is_numeric_version(value):
-        raise ValidationError("Use dotted numbers only, e.g. 2.4.3 (each part at most 2147483647).")
+        raise ValidationError(gettext("Use dotted numbers only, e.g. 2.4.3 (each part at most 2147483647)."))
 
 
 def _image_head(upload: UploadedFile) -> bytes:
@@ -45,10 +47,12 @@ class FirmwareReleaseForm(forms.ModelForm):
         if "binary" not in self.changed_data:
             return binary
         if not binary or binary.size == 0:
-            raise ValidationError("The firmware file is empty.")
+            raise ValidationError(gettext("The firmware file is empty."))
         self.image_version = app_image_version(_image_head(binary))
         if self.image_version is None:
-            raise ValidationError("This is not an ESP32 application image (xiaozhi.bin, not merged-binary.bin).")
+            raise ValidationError(
+                gettext("This is not an ESP32 application image (xiaozhi.bin, not merged-binary.bin).")
+            )
         return binary
 
     def clean(self) -> dict:
@@ -58,7 +62,8 @@ class FirmwareReleaseForm(forms.ModelForm):
         # A device skips an image whose embedded version equals its own, so a mislabelled
         # release would be downloaded again at every boot.
         if image_version is not None and version and image_version != version:
-            self.add_error("version", f"The image says it is version {image_version}; the release must match.")
+            self.add_error("version", gettext("The image says it is version %(version)s; the release must match.") % {
+                "version": image_version})
         return cleaned
 
 
@@ -69,12 +74,14 @@ def _persona_queryset() -> object:
 
 class DeviceBindForm(forms.Form):
     code = forms.CharField(
-        max_length=6, min_length=6, label="Activation code",
-        validators=[RegexValidator(r"^[0-9]{6}$", "The code is 6 digits.")],
-        help_text="The 6 digits the device shows and speaks.",
+        max_length=6, min_length=6, label=_("Activation code"),
+        validators=[RegexValidator(r"^[0-9]{6}$", _("The code is 6 digits."))],
+        help_text=_("The 6 digits the device shows and speaks."),
     )
-    owner = forms.ModelChoiceField(queryset=get_user_model().objects.filter(is_active=True).order_by("username"))
-    persona = forms.ModelChoiceField(queryset=None, required=False, empty_label="Default persona")
+    owner = forms.ModelChoiceField(
+        label=_("Owner"), queryset=get_user_model().objects.filter(is_active=True).order_by("username")
+    )
+    persona = forms.ModelChoiceField(label=_("Persona"), queryset=None, required=False, empty_label=_("Default persona"))
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
@@ -85,13 +92,13 @@ class DeviceBindForm(forms.Form):
 
 
 class DeviceKeyUploadForm(forms.Form):
-    file = forms.FileField(help_text="CSV with the columns serial_number,key_hex (header line optional).")
+    file = forms.FileField(label=_("File"), help_text=_("CSV with the columns serial_number,key_hex (header line optional)."))
 
     def clean_file(self) -> str:
         upload = self.cleaned_data["file"]
         if upload.size > MAX_KEY_CSV_BYTES:
-            raise ValidationError("The file is larger than 2 MB.")
+            raise ValidationError(gettext("The file is larger than 2 MB."))
         try:
             return upload.read().decode("utf-8-sig")
         except UnicodeDecodeError:
-            raise ValidationError("The file is not UTF-8 text.") from None
+            raise ValidationError(gettext("The file is not UTF-8 text.")) from None

@@ -5,53 +5,58 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 
 class Device(models.Model):
-    mac = models.CharField("MAC address", max_length=17, unique=True)
-    client_id = models.CharField(max_length=64, blank=True)
-    serial_number = models.CharField(max_length=64, blank=True, db_index=True)
-    name = models.CharField(max_length=100, blank=True)
-    board_type = models.CharField(max_length=100, blank=True, db_index=True)
-    board_name = models.CharField(max_length=100, blank=True)
-    chip_model = models.CharField(max_length=50, blank=True)
-    firmware_version = models.CharField(max_length=50, blank=True)
-    flash_size = models.BigIntegerField(null=True, blank=True)
-    minimum_free_heap = models.BigIntegerField(null=True, blank=True)
-    language = models.CharField(max_length=20, blank=True)
-    user_agent = models.CharField(max_length=200, blank=True)
-    last_ip = models.GenericIPAddressField(null=True, blank=True)
-    last_checkin_at = models.DateTimeField(null=True, blank=True)
+    mac = models.CharField(_("MAC address"), max_length=17, unique=True)
+    client_id = models.CharField(_("client ID"), max_length=64, blank=True)
+    serial_number = models.CharField(_("serial number"), max_length=64, blank=True, db_index=True)
+    name = models.CharField(_("name"), max_length=100, blank=True)
+    board_type = models.CharField(_("board type"), max_length=100, blank=True, db_index=True)
+    board_name = models.CharField(_("board name"), max_length=100, blank=True)
+    chip_model = models.CharField(_("chip model"), max_length=50, blank=True)
+    firmware_version = models.CharField(_("firmware version"), max_length=50, blank=True)
+    flash_size = models.BigIntegerField(_("flash size"), null=True, blank=True)
+    minimum_free_heap = models.BigIntegerField(_("minimum free heap"), null=True, blank=True)
+    language = models.CharField(_("language"), max_length=20, blank=True)
+    user_agent = models.CharField(_("user agent"), max_length=200, blank=True)
+    last_ip = models.GenericIPAddressField(_("last IP address"), null=True, blank=True)
+    last_checkin_at = models.DateTimeField(_("last check-in"), null=True, blank=True)
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-        related_name="devices",
+        related_name="devices", verbose_name=_("owner"),
     )
     persona = models.ForeignKey(
         "conversations.Persona", null=True, blank=True, on_delete=models.SET_NULL,
-        related_name="devices",
+        related_name="devices", verbose_name=_("persona"),
     )
-    bound_at = models.DateTimeField(null=True, blank=True)
-    location = models.CharField(max_length=100, blank=True, help_text="City, used by weather and location tools.")
-    timezone = models.CharField(max_length=64, blank=True, help_text="IANA time zone, e.g. Asia/Shanghai.")
+    bound_at = models.DateTimeField(_("bound at"), null=True, blank=True)
+    location = models.CharField(
+        _("location"), max_length=100, blank=True, help_text=_("City, used by weather and location tools.")
+    )
+    timezone = models.CharField(_("time zone"), max_length=64, blank=True, help_text=_("IANA time zone, e.g. Asia/Shanghai."))
 
     # Bumping the generation revokes every token issued before (it is part of the HMAC).
-    token_generation = models.PositiveIntegerField(default=0)
+    token_generation = models.PositiveIntegerField(_("token generation"), default=0)
 
-    is_online = models.BooleanField(default=False, db_index=True)
-    online_since = models.DateTimeField(null=True, blank=True)
-    last_seen_at = models.DateTimeField(null=True, blank=True)
-    session_id = models.CharField(max_length=36, blank=True)
+    is_online = models.BooleanField(_("online"), default=False, db_index=True)
+    online_since = models.DateTimeField(_("online since"), null=True, blank=True)
+    last_seen_at = models.DateTimeField(_("last seen"), null=True, blank=True)
+    session_id = models.CharField(_("session ID"), max_length=36, blank=True)
 
-    mcp_server_info = models.JSONField(default=dict, blank=True)
-    mcp_tools = models.JSONField(default=list, blank=True)
-    mcp_tools_updated_at = models.DateTimeField(null=True, blank=True)
+    mcp_server_info = models.JSONField(_("MCP server info"), default=dict, blank=True)
+    mcp_tools = models.JSONField(_("MCP tools"), default=list, blank=True)
+    mcp_tools_updated_at = models.DateTimeField(_("tools updated at"), null=True, blank=True)
 
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
         ordering = ["-last_seen_at", "mac"]
+        verbose_name = _("device")
+        verbose_name_plural = _("devices")
 
     def __str__(self) -> str:
         return self.name or self.mac
@@ -73,27 +78,35 @@ def device_group_name(device_pk: int) -> str:
 class DeviceKey(models.Model):
     """Per-device HMAC key (eFuse HMAC_KEY0) for Activation-Version 2, imported by serial."""
 
-    serial_number = models.CharField(max_length=64, unique=True)
-    key_hex = models.CharField(max_length=128)
-    created_at = models.DateTimeField(auto_now_add=True)
+    serial_number = models.CharField(_("serial number"), max_length=64, unique=True)
+    key_hex = models.CharField(_("key (hex)"), max_length=128)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("device key")
+        verbose_name_plural = _("device keys")
 
     def __str__(self) -> str:
         return self.serial_number
 
 
 class ActivationCode(models.Model):
-    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="activation_codes")
-    code = models.CharField(max_length=6, db_index=True)
-    challenge = models.CharField(max_length=64)
-    created_at = models.DateTimeField(default=timezone.now)
-    expires_at = models.DateTimeField()
-    used_at = models.DateTimeField(null=True, blank=True)
+    device = models.ForeignKey(
+        Device, on_delete=models.CASCADE, related_name="activation_codes", verbose_name=_("device")
+    )
+    code = models.CharField(_("code"), max_length=6, db_index=True)
+    challenge = models.CharField(_("challenge"), max_length=64)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    expires_at = models.DateTimeField(_("expires at"))
+    used_at = models.DateTimeField(_("used at"), null=True, blank=True)
     # When the device was told "200 activated" for this challenge; a second answer for the
     # same challenge is a replay.
-    activated_at = models.DateTimeField(null=True, blank=True)
+    activated_at = models.DateTimeField(_("activated at"), null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
+        verbose_name = _("activation code")
+        verbose_name_plural = _("activation codes")
 
     def __str__(self) -> str:
         return f"{self.code} ({self.device})"
@@ -108,28 +121,31 @@ def firmware_upload_to(instance: FirmwareRelease, filename: str) -> str:
 
 
 class FirmwareRelease(models.Model):
-    board_type = models.CharField(max_length=100, db_index=True)
+    board_type = models.CharField(_("board type"), max_length=100, db_index=True)
     version = models.CharField(
-        max_length=50, help_text="Dotted numbers only, e.g. 2.4.3 (the firmware compares them numerically)."
+        _("version"), max_length=50,
+        help_text=_("Dotted numbers only, e.g. 2.4.3 (the firmware compares them numerically)."),
     )
-    binary = models.FileField(upload_to=firmware_upload_to)
-    size = models.PositiveBigIntegerField(default=0, editable=False)
-    sha256 = models.CharField(max_length=64, blank=True, editable=False)
-    force = models.BooleanField(default=False, help_text="Devices install it even if not newer.")
+    binary = models.FileField(_("firmware file"), upload_to=firmware_upload_to)
+    size = models.PositiveBigIntegerField(_("size"), default=0, editable=False)
+    sha256 = models.CharField(_("SHA-256"), max_length=64, blank=True, editable=False)
+    force = models.BooleanField(_("force"), default=False, help_text=_("Devices install it even if not newer."))
     rollout_percent = models.PositiveSmallIntegerField(
-        default=100, validators=[MinValueValidator(0), MaxValueValidator(100)],
-        help_text="Share of devices offered this release; the same device always falls on the same side.",
+        _("rollout percent"), default=100, validators=[MinValueValidator(0), MaxValueValidator(100)],
+        help_text=_("Share of devices offered this release; the same device always falls on the same side."),
     )
     allowlist = models.ManyToManyField(
-        Device, blank=True, related_name="allowed_releases",
-        help_text="If set, only these devices are offered the release (rollout still applies to none of them).",
+        Device, blank=True, related_name="allowed_releases", verbose_name=_("allowlist"),
+        help_text=_("If set, only these devices are offered the release (rollout still applies to none of them)."),
     )
-    is_active = models.BooleanField(default=True)
-    notes = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    is_active = models.BooleanField(_("active"), default=True)
+    notes = models.TextField(_("notes"), blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
         ordering = ["board_type", "-created_at"]
+        verbose_name = _("firmware release")
+        verbose_name_plural = _("firmware releases")
         constraints = [
             models.UniqueConstraint(fields=["board_type", "version"], name="unique_board_version"),
         ]

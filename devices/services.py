@@ -25,6 +25,7 @@ from django.db.models import Model
 from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease
 from devices.selectors import (
@@ -146,11 +147,11 @@ def activation_code_issue(*, device: Device, now: datetime | None = None) -> Act
 def _code_for_binding(code: str, now: datetime) -> ActivationCode:
     candidate = ActivationCode.objects.select_related("device").filter(code=code).order_by("-created_at").first()
     if candidate is None:
-        raise BindError("No device is waiting for this code.")
+        raise BindError(gettext("No device is waiting for this code."))
     if candidate.used_at is not None:
-        raise BindError("This code has already been used.")
+        raise BindError(gettext("This code has already been used."))
     if candidate.expires_at <= now:
-        raise BindError("This code has expired; restart the device to get a new one.")
+        raise BindError(gettext("This code has expired; restart the device to get a new one."))
     return candidate
 
 
@@ -164,7 +165,7 @@ def device_bind(*, code: str, owner: AbstractBaseUser, persona: Model | None = N
     activation = _code_for_binding(code.strip(), now)
     # Conditional update: of two operators entering the same code, exactly one wins.
     if not ActivationCode.objects.filter(pk=activation.pk, used_at__isnull=True).update(used_at=now):
-        raise BindError("This code has already been used.")
+        raise BindError(gettext("This code has already been used."))
     device = activation.device
     # Any other code the device still holds is now meaningless.
     activation_codes_outstanding(now=now).filter(device=device).update(expires_at=now)
@@ -278,7 +279,8 @@ def device_keys_parse_csv(*, text: str) -> tuple[list[tuple[str, str]], list[str
         if not any(cells) or (line_number == 1 and cells[0].lower() == "serial_number"):
             continue
         if len(cells) != 2:
-            errors.append(f"line {line_number}: expected 2 columns, got {len(cells)}")
+            problem = gettext("line %(line)d: expected 2 columns, got %(count)d")
+            errors.append(problem % {"line": line_number, "count": len(cells)})
             continue
         rows.append((cells[0], cells[1]))
     return rows, errors
@@ -286,9 +288,9 @@ def device_keys_parse_csv(*, text: str) -> tuple[list[tuple[str, str]], list[str
 
 def _key_row_problem(serial_number: str, key_hex: str) -> str | None:
     if not serial_number or len(serial_number) > 64:
-        return "serial number must be 1-64 characters"
+        return gettext("serial number must be 1-64 characters")
     if not _KEY_HEX.fullmatch(key_hex):
-        return "key must be 64 hex digits (a 256-bit HMAC key)"
+        return gettext("key must be 64 hex digits (a 256-bit HMAC key)")
     return None
 
 
@@ -299,7 +301,8 @@ def device_keys_import(*, rows: Iterable[tuple[str, str]]) -> KeyImportResult:
     for index, (serial_number, key_hex) in enumerate(rows, start=1):
         problem = _key_row_problem(serial_number, key_hex)
         if problem is not None:
-            result.errors.append(f"row {index} ({serial_number[:64]!r}): {problem}")
+            result.errors.append(gettext("row %(row)d (%(serial)r): %(problem)s") % {
+                "row": index, "serial": serial_number[:64], "problem": problem})
             continue
         _, created = DeviceKey.objects.update_or_create(
             serial_number=serial_number, defaults={"key_hex": key_hex.lower()}

@@ -62,7 +62,7 @@ class Browser:
         self.open(path)
         self.driver.find_element(By.NAME, "username").send_keys(username)
         self.driver.find_element(By.NAME, "password").send_keys(password)
-        self.driver.find_element(By.CSS_SELECTOR, "[type=submit]").click()
+        self.driver.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
         self.wait_for(lambda: "/login/" not in self.driver.current_url, what="the login to go through")
 
     def set_size(self, width: int, height: int = 900) -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 
 from tools.models import McpServer, McpTool
 from tools.services import mcp_server_refresh_tools
@@ -32,15 +34,17 @@ class McpServerAdmin(admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[McpServer]:
         return super().get_queryset(request).annotate(_tool_count=Count("tools"))
 
-    @admin.display(description="tools", ordering="_tool_count")
+    @admin.display(description=_("tools"), ordering="_tool_count")
     def tool_count(self, obj: McpServer) -> int:
         return obj._tool_count
 
-    @admin.action(description="Refresh tool catalogue now")
+    @admin.action(description=_("Refresh tool catalogue now"))
     def refresh_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
         for server in queryset:
             count = mcp_server_refresh_tools(server=server)
             if count < 0:
-                self.message_user(request, f"{server.name}: {server.last_error}", messages.ERROR)
+                text = gettext("%(server)s: refresh failed: %(error)s") % {"server": server.name, "error": server.last_error}
+                self.message_user(request, text, messages.ERROR)
             else:
-                self.message_user(request, f"{server.name}: {count} tools")
+                text = ngettext("%(server)s: %(count)d tool", "%(server)s: %(count)d tools", count)
+                self.message_user(request, text % {"server": server.name, "count": count})

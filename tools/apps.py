@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class ToolsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "tools"
+    verbose_name = _("Tools")
 
     def ready(self) -> None:
         from django.conf import settings

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from conversations.pipeline import phrases
 from devices.protocol.messages import Alert, Custom, Message, System
 
 COMMANDS: tuple[str, ...] = ("reboot", "alert", "custom", "say", "mcp_call")
@@ -98,11 +99,9 @@ def mcp_result(*, result: str | None = None, error: str | None = None, offline: 
     return {"type": MCP_RESULT_TYPE, "ok": True, "result": result or ""}
 
 
-def activation_text(code: str | None) -> str:
-    """What an unbound device says; digits spaced so TTS reads them one by one."""
-    if not code:
-        return "This device is not bound yet. Please bind it in the admin."
-    return f"Please bind this device in the admin with code {' '.join(code)}."
+def activation_text(code: str | None, language: str = "en") -> str:
+    """What an unbound device says, in `language`; digits spaced so TTS reads them one by one."""
+    return phrases.activation_prompt(code, language)
 
 
 def _text(event: dict[str, Any], key: str, default: str) -> str:

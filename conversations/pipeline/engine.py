@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any
 
-from conversations.pipeline import fallback
+from conversations.pipeline import fallback, phrases
 from conversations.pipeline.aio import TaskSet, cancel_and_wait
 from conversations.pipeline.contracts import EngineContext
 from conversations.pipeline.cpu import CpuMill, shared_executor, speech_executor
@@ -133,7 +133,8 @@ class VoiceEngine:
 
     def on_listen_detect(self, text: str) -> None:
         self._hearing.mute(POST_WAKE_MUTE_S)
-        greeting = self._ctx.config.persona.greeting.strip()
+        state, persona = self._ctx.tool_state, self._ctx.config.persona
+        greeting = phrases.greeting(persona.greeting, (state.language if state else "") or persona.language)
         if greeting and not self._closed:
             go = self._greeting_go = asyncio.Event()
             self._start_reply("greeting", lambda reply: self._greet(reply, greeting, go))

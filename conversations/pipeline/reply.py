@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from conversations.pipeline import fallback
+from conversations.pipeline import fallback, phrases
 from conversations.pipeline.config import TurnRecord
 from conversations.pipeline.contracts import EngineContext
 from conversations.pipeline.fallback import AllProvidersFailed, Chains, ProviderChain, StageChains
@@ -106,15 +106,7 @@ class ReplyHandle:
 
 # -- what a reply does ---------------------------------------------------------------------
 
-APOLOGIES = {
-    "zh": "抱歉，我这边出了点问题，请再说一遍。",
-    "en": "Sorry, something went wrong. Please try again.",
-}
 Outcome = str  # "empty" | "spoken" | "exit_phrase" | "apology"
-
-
-def apology_text(language: str) -> str:
-    return APOLOGIES.get((language or "en").split("-")[0].lower(), APOLOGIES["en"])
 
 
 def _ms(at: float | None, origin: float) -> float | None:
@@ -175,7 +167,7 @@ class TurnRunner:
             record.user_text = text
             await reply.guard_send(self._ctx.send)(Stt(text))
             if is_exit_phrase(text):
-                record.reply_text = self._persona.farewell.strip() or "Goodbye!"
+                record.reply_text = phrases.goodbye(self._persona.farewell, self._language())
                 await self.speak_fixed(reply, record.reply_text)
                 return "exit_phrase"
             await self._respond(reply, chains, text, thought, record, origin)
@@ -185,7 +177,7 @@ class TurnRunner:
 
     @property
     def apology(self) -> str:
-        return apology_text(self._language())
+        return phrases.apology(self._language())
 
     async def _recognize(
         self,
@@ -222,6 +214,9 @@ class TurnRunner:
             if record.error and not speech.pushed:
                 record.reply_text = self.apology
                 speech.push(self.apology, chains.apology)
+            elif self._ctx.tool_state is not None and self._ctx.tool_state.end_requested and not speech.pushed:
+                record.reply_text = phrases.goodbye(self._persona.farewell, self._language())  # model said nothing
+                speech.push(record.reply_text)
             speech.end_input()
             await speech.wait_for_playout()
             await self._stop_speaking(reply)

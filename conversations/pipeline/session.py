@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
+from conversations.pipeline import phrases
 from conversations.pipeline.aio import TaskSet
 from conversations.pipeline.commands import (
     BadCommand, activation_text, call_request, command_message, command_name, mcp_result,
@@ -257,7 +258,7 @@ class VoiceSession:
             self._require_engine().on_listen_start(message.mode)
         elif self._code_pending:
             self._code_pending = False
-            text = activation_text(self.config.device.activation_code)
+            text = activation_text(self.config.device.activation_code, self.config.persona.language)
             self._tasks.create(self._require_engine().say(text), name="session-activation-code")
 
     async def _on_listen_stop(self, message: ListenStop) -> None:
@@ -410,7 +411,8 @@ class VoiceSession:
         self._persist.submit(self._hooks.touch)
 
     async def _farewell(self) -> None:
-        text = self.config.persona.farewell.strip()
+        language = self.tool_state.language or self.config.persona.language
+        text = phrases.farewell(self.config.persona.farewell, language)
         if text:
             try:
                 async with asyncio.timeout(FAREWELL_TIMEOUT):

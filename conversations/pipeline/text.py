@@ -77,15 +77,17 @@ _TABLE_SEPARATOR = re.compile(r"^[ \t]*\|?[ \t]*:?-{3,}:?[ \t]*(?:\|[ \t]*:?-{3,
 _TABLE_ROW = re.compile(r"^[ \t]*\|(.*?)\|?[ \t]*$", re.M)
 _HEADING = re.compile(r"^[ \t]{0,3}#{1,6}[ \t]+", re.M)
 _QUOTE = re.compile(r"^[ \t]*(?:>[ \t]?)+", re.M)
-_BULLET = re.compile(r"^[ \t]*[-*+•][ \t]+", re.M)
-_NUMBERED = re.compile(r"^[ \t]*\d{1,3}[.)][ \t]+", re.M)
+# Chinese lists also use "・"/"·" bullets and "1、", "１．", "1）" numbers, often unspaced.
+_BULLET = re.compile(r"^[ \t]*(?:[-*+•][ \t]+|[・·][ \t]*)", re.M)
+_NUMBERED = re.compile(r"^[ \t]*\d{1,3}(?:[.)][ \t]+|[、．）][ \t]*)", re.M)
 _IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
 _REF_LINK = re.compile(r"\[([^\]]+)\]\[[^\]]*\]")
 _BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
 # `*` may emphasise inside CJK text but not between ASCII operands ("2*3*4").
 _ITALIC_STAR = re.compile(r"(?<![A-Za-z0-9*])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![A-Za-z0-9*])")
-_ITALIC_UNDERSCORE = re.compile(r"(?<!\w)_(?=\S)(.+?)(?<=\S)_(?!\w)")
+# `_` emphasises next to CJK text too, but never inside ASCII names (snake_case_name).
+_ITALIC_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9_])_(?=\S)(.+?)(?<=\S)_(?![A-Za-z0-9_])")
 _STRIKE = re.compile(r"~~(.+?)~~")
 _CODE = re.compile(r"`+([^`]*)`+")
 # Markers left unpaired when a sentence was cut; a lone `*` survives only as "3 * 4".

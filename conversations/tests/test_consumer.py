@@ -391,7 +391,7 @@ async def test_admin_reboot_and_alert_actions_reach_the_device(device: Device, f
     await stored_tools(device)
     _, notes = await sync_to_async(run_action)(reboot_devices, {}, device)
     assert (await firmware.wait_for("system"))["command"] == "reboot"
-    assert notes == ["Reboot sent to 1 of 1 device(s)."]
+    assert notes == ["Reboot sent to 1 of 1 device."]
     form_page, _ = await sync_to_async(run_action)(alert_devices, {}, device)
     assert b'name="message"' in form_page.content and b'value="alert_devices"' in form_page.content
     data = {"apply": "1", "message": "Hot", "status": "Warning", "emotion": "sad"}

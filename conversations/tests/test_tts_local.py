@@ -11,12 +11,8 @@ import pytest
 from conversations.providers.base import TTS, PCMChunk, ProviderError
 from conversations.providers.registry import build
 from conversations.providers.tts.edge import EdgeTTS, pick_voice
-from conversations.providers.tts.espeak import (
-    LANGUAGE_VOICES,
-    EspeakTTS,
-    parse_voice_list,
-    split_wav_stream,
-)
+from conversations.providers.tts.espeak import EspeakTTS, parse_voice_list, split_wav_stream
+from conversations.providers.tts.voices import ESPEAK_VOICES
 from devices.protocol.audio import rms
 
 SENTENCE = "The kitchen light is now on."
@@ -53,8 +49,8 @@ def test_the_language_map_only_names_installed_voices() -> None:
     voices = subprocess.run(["espeak-ng", "--voices"], capture_output=True, text=True, check=True)
     listing = voices.stdout
     known = parse_voice_list(listing)
-    assert LANGUAGE_VOICES["zh"] == "cmn"
-    assert set(LANGUAGE_VOICES.values()) <= known
+    assert ESPEAK_VOICES["zh"] == "cmn"
+    assert set(ESPEAK_VOICES.values()) <= known
 
 
 async def test_text_is_not_parsed_as_command_line_options(tmp_path: Path) -> None:

@@ -14,33 +14,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from conversations.providers.base import PCMChunk, ProviderError
+from conversations.providers.tts.voices import EDGE_VOICES, voice_for
 from devices.protocol.audio import decode_audio_file
 from devices.protocol.opus import AudioError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_VOICES = {
-    "en": "en-US-AriaNeural",
-    "zh": "zh-CN-XiaoxiaoNeural",
-    "ja": "ja-JP-NanamiNeural",
-    "ko": "ko-KR-SunHiNeural",
-    "de": "de-DE-KatjaNeural",
-    "fr": "fr-FR-DeniseNeural",
-    "ru": "ru-RU-SvetlanaNeural",
-    "pt": "pt-BR-FranciscaNeural",
-    "es": "es-ES-ElviraNeural",
-    "it": "it-IT-ElsaNeural",
-}
-FALLBACK_VOICE = DEFAULT_VOICES["en"]
-
-
 def pick_voice(voice: str, language: str) -> str:
     """A persona's Edge voice ("xx-YY-NameNeural") wins; anything else (an espeak or OpenAI
-    voice left over from another provider) falls back to the language's default voice."""
+    voice left over from another provider) falls back to the language's voice (voices.EDGE_VOICES)."""
     if voice and voice.endswith("Neural") and voice.count("-") >= 2:
         return voice
-    base = (language or "").replace("_", "-").split("-")[0].lower()
-    return DEFAULT_VOICES.get(base, FALLBACK_VOICE)
+    return voice_for(EDGE_VOICES, language)
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:

@@ -13,22 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from conversations.providers.base import PCMChunk, ProviderError
+from conversations.providers.tts.voices import ESPEAK_VOICES, voice_for
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_RATE = 22050  # what espeak-ng writes; read from the header when it is there
-# Language code (first part of e.g. "zh-CN") -> espeak-ng voice.
-LANGUAGE_VOICES = {
-    "zh": "cmn", "en": "en-us", "ja": "ja", "ko": "ko", "de": "de",
-    "fr": "fr", "ru": "ru", "pt": "pt", "es": "es", "it": "it",
-}
-FALLBACK_VOICE = "en-us"
-
 _known_voices: frozenset[str] | None = None
-
-
-def _base_language(language: str) -> str:
-    return language.replace("_", "-").split("-")[0].lower()
 
 
 def parse_voice_list(listing: str) -> frozenset[str]:
@@ -83,14 +73,15 @@ class EspeakTTS:
             yield PCMChunk(pcm, rate)
 
     async def _pick_voice(self, voice: str, language: str) -> str:
-        """An espeak voice name passed as `voice` wins; otherwise map the language.
+        """An espeak voice name passed as `voice` wins; otherwise the language's voice
+        (voices.ESPEAK_VOICES: `cmn` for Chinese, `en-us` for English, ...).
 
-        Personas often carry a cloud voice ("en-US-AriaNeural") while espeak is only the
-        fallback, so a voice espeak does not know is ignored, not passed through.
+        Personas often carry a cloud voice ("zh-CN-XiaoxiaoNeural") while espeak is only the
+        offline fallback, so a voice espeak does not know is ignored, not passed through.
         """
         if voice and voice.split("+")[0].lower() in await self._voices():
             return voice
-        return LANGUAGE_VOICES.get(_base_language(language or ""), FALLBACK_VOICE)
+        return voice_for(ESPEAK_VOICES, language)
 
     async def _voices(self) -> frozenset[str]:
         global _known_voices  # one listing per process; voices do not change at runtime

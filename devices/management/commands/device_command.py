@@ -19,6 +19,7 @@ from typing import Any
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.translation import gettext as _
 
 from devices.auth import normalize_mac
 from devices.commands import (
@@ -37,9 +38,9 @@ def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise CommandError(f"not valid JSON: {exc}") from None
+        raise CommandError(_("not valid JSON: %(error)s") % {"error": exc}) from None
     if not isinstance(value, dict):
-        raise CommandError("expected a JSON object")
+        raise CommandError(_("expected a JSON object"))
     return value
 
 
@@ -69,7 +70,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         device = self._device(options["mac"])
         if isinstance(get_channel_layer(), InMemoryChannelLayer):
-            self.stderr.write("warning: in-memory channel layer; set REDIS_URL to reach the web process")
+            self.stderr.write(_("warning: in-memory channel layer; set REDIS_URL to reach the web process"))
         try:
             self._run(device, options)
         except DeviceCommandError as exc:
@@ -78,10 +79,10 @@ class Command(BaseCommand):
     def _device(self, raw_mac: str) -> Device:
         mac = normalize_mac(raw_mac)
         if mac is None:
-            raise CommandError(f"not a MAC address: {raw_mac}")
+            raise CommandError(_("not a MAC address: %(mac)s") % {"mac": raw_mac})
         device = Device.objects.filter(mac=mac).first()
         if device is None:
-            raise CommandError(f"no device with MAC {mac}")
+            raise CommandError(_("no device with MAC %(mac)s") % {"mac": mac})
         return device
 
     def _run(self, device: Device, options: dict[str, Any]) -> None:
@@ -94,8 +95,8 @@ class Command(BaseCommand):
             return
         sent = self._send(device, command, options)
         if not sent:
-            raise CommandError(f"device {device.mac} is offline")
-        self.stdout.write(f"{command} sent to {device.mac}")
+            raise CommandError(_("device %(mac)s is offline") % {"mac": device.mac})
+        self.stdout.write(_("%(command)s sent to %(mac)s") % {"command": command, "mac": device.mac})
 
     def _send(self, device: Device, command: str, options: dict[str, Any]) -> bool:
         if command == "reboot":

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand
+from django.utils.translation import ngettext
 
 from devices.presence import device_mark_all_offline
 
@@ -12,4 +13,7 @@ class Command(BaseCommand):
     def handle(self, *args: object, **options: object) -> None:
         count = device_mark_all_offline()
         if count:
-            self.stdout.write(f"Marked {count} device(s) left online by a previous run as offline.")
+            self.stdout.write(ngettext(
+                "Marked %(count)d device left online by a previous run as offline.",
+                "Marked %(count)d devices left online by a previous run as offline.", count,
+            ) % {"count": count})

@@ -5,6 +5,7 @@ import os
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.utils.translation import gettext as _
 
 
 class Command(BaseCommand):
@@ -15,10 +16,10 @@ class Command(BaseCommand):
         password = os.environ.get("DJANGO_SUPERUSER_PASSWORD", "")
         email = os.environ.get("DJANGO_SUPERUSER_EMAIL", "").strip()
         if not username or not password:
-            raise CommandError("Set DJANGO_SUPERUSER_USERNAME and DJANGO_SUPERUSER_PASSWORD.")
+            raise CommandError(_("Set DJANGO_SUPERUSER_USERNAME and DJANGO_SUPERUSER_PASSWORD."))
         User = get_user_model()
         if User.objects.filter(username=username).exists():
-            self.stdout.write(f"Admin user {username!r} already exists.")
+            self.stdout.write(_("Admin user %(username)r already exists.") % {"username": username})
             return
         User.objects.create_superuser(username=username, email=email, password=password)
-        self.stdout.write(f"Created admin user {username!r}.")
+        self.stdout.write(_("Created admin user %(username)r.") % {"username": username})

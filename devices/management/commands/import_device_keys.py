@@ -5,6 +5,8 @@ from argparse import ArgumentParser
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from devices.services import device_keys_import, device_keys_parse_csv
 
@@ -19,11 +21,14 @@ class Command(BaseCommand):
         try:
             text = csv_path.read_text(encoding="utf-8-sig")
         except (OSError, UnicodeDecodeError) as exc:
-            raise CommandError(f"Cannot read {csv_path}: {exc}") from None
+            raise CommandError(_("Cannot read %(path)s: %(error)s") % {"path": csv_path, "error": exc}) from None
         rows, errors = device_keys_parse_csv(text=text)
         result = device_keys_import(rows=rows)
         for error in [*errors, *result.errors]:
             self.stderr.write(error)
-        self.stdout.write(f"Imported keys: {result.created} new, {result.updated} replaced.")
+        self.stdout.write(_("Imported keys: %(created)d new, %(updated)d replaced.") % {
+            "created": result.created, "updated": result.updated})
         if errors or result.errors:
-            raise CommandError(f"{len(errors) + len(result.errors)} line(s) were not imported.")
+            failed = len(errors) + len(result.errors)
+            raise CommandError(ngettext("%(count)d line was not imported.", "%(count)d lines were not imported.", failed)
+                               % {"count": failed})
