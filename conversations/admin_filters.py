@@ -17,7 +17,9 @@ from django.utils.translation import gettext_lazy as _
 
 from conversations.models import Turn
 from conversations.review import EMOTION_EMOJI
+from devices.admin_actions import EMOTION_LABELS
 from devices.models import Device
+
 
 def count_turns(condition: Q | None = None) -> Coalesce:
     """Turns of the outer conversation matching `condition`, as a correlated subquery: the
@@ -136,7 +138,7 @@ class EmotionFilter(admin.SimpleListFilter):
     parameter_name = "emotion"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, Any]]:
-        return [(emotion, f"{emoji} {emotion}") for emotion, emoji in sorted(EMOTION_EMOJI.items())]
+        return [(emotion, f"{emoji} {EMOTION_LABELS.get(emotion, emotion)}") for emotion, emoji in sorted(EMOTION_EMOJI.items())]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         return queryset.filter(emotion=self.value()) if self.value() else queryset

@@ -9,6 +9,8 @@ so whoever added them can run `make messages` and translate (docs/i18n.md).
 """
 from __future__ import annotations
 
+import sys
+
 import importlib
 import json
 import re
@@ -181,7 +183,9 @@ def data_words() -> set[str]:
 
 def project_models() -> list[type[models.Model]]:
     base = Path(settings.BASE_DIR).resolve()
-    return [m for m in apps.get_models() if Path(m._meta.app_config.path).resolve().is_relative_to(base)]
+    installed = Path(sys.prefix).resolve()  # the virtualenv may live inside the checkout
+    return [m for m in apps.get_models() if (path := Path(m._meta.app_config.path).resolve()).is_relative_to(base)
+            and not path.is_relative_to(installed)]
 
 
 # -- the pages ---------------------------------------------------------------------------------
@@ -203,7 +207,9 @@ def admin_pages(client: Client) -> Iterator[tuple[str, Any]]:
             yield f"{name} add", add
         obj = model._default_manager.first()
         if obj is not None:
-            yield f"{name} change", client.get(reverse(f"admin:{name}_change", args=[obj.pk]), **CHINESE)
+            # follow: a turn's change page is its place in the conversation's page
+            yield f"{name} change", client.get(reverse(f"admin:{name}_change", args=[obj.pk]), follow=True,
+                                               **CHINESE)
             yield from _actions(client, model_admin, name, obj)
         for pattern in _custom_views(model_admin):
             yield f"{name} {pattern.name}", client.get(reverse(f"admin:{pattern.name}"), **CHINESE)
