@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -21,6 +22,7 @@ from django.template import engines
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext
 
 from devices.commands import (
     DeviceCommandError,
@@ -103,11 +105,25 @@ def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, what: str, sent:
     modeladmin.message_user(request, f"{what} sent to {sent} of {total} device(s){offline}.", level)
 
 
+def _send_to_each(modeladmin: admin.ModelAdmin, request: HttpRequest, what: str, devices: list[Device],
+                  send: Callable[[Device], bool]) -> None:
+    """Send to every device; a command the channel layer did not take is reported as failed,
+    never counted as sent."""
+    sent, failures = 0, []
+    for device in devices:
+        try:
+            sent += send(device)
+        except DeviceCommandError as exc:
+            failures.append(f"{device.mac}: {exc}")
+    if failures:
+        modeladmin.message_user(request, gettext("%(what)s failed for %(count)d device(s): %(errors)s") % {
+            "what": what, "count": len(failures), "errors": "; ".join(failures[:5])}, messages.ERROR)
+    _report(modeladmin, request, what, sent, len(devices))
+
+
 @admin.action(description="Reboot selected devices")
 def reboot_devices(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device]) -> None:
-    devices = list(queryset)
-    sent = sum(device_reboot(device=device) for device in devices)
-    _report(modeladmin, request, "Reboot", sent, len(devices))
+    _send_to_each(modeladmin, request, "Reboot", list(queryset), lambda device: device_reboot(device=device))
 
 
 @admin.action(description="Show an alert on selected devices")
@@ -117,9 +133,8 @@ def alert_devices(modeladmin: admin.ModelAdmin, request: HttpRequest,
     if not form.is_bound or not form.is_valid():
         return _form_page(modeladmin, request, queryset, form, action="alert_devices",
                           intro="Show an alert on these devices", submit="Send alert")
-    devices = list(queryset)
-    sent = sum(device_alert(device=device, **form.cleaned_data) for device in devices)
-    _report(modeladmin, request, "Alert", sent, len(devices))
+    _send_to_each(modeladmin, request, "Alert", list(queryset),
+                  lambda device: device_alert(device=device, **form.cleaned_data))
     return None
 
 
@@ -130,9 +145,8 @@ def say_on_devices(modeladmin: admin.ModelAdmin, request: HttpRequest,
     if not form.is_bound or not form.is_valid():
         return _form_page(modeladmin, request, queryset, form, action="say_on_devices",
                           intro="Speak a text on these devices", submit="Say it")
-    devices = list(queryset)
-    sent = sum(device_say(device=device, text=form.cleaned_data["text"]) for device in devices)
-    _report(modeladmin, request, "Text", sent, len(devices))
+    _send_to_each(modeladmin, request, "Text", list(queryset),
+                  lambda device: device_say(device=device, text=form.cleaned_data["text"]))
     return None
 
 
