@@ -99,9 +99,10 @@ def _bound_form(form_class: type[forms.Form], request: HttpRequest) -> forms.For
     return form_class(request.POST if "apply" in request.POST else None)
 
 
-def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, what: str, sent: int, total: int) -> None:
+def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, what: str, sent: int, total: int,
+            failed: int = 0) -> None:
     level = messages.SUCCESS if sent == total else messages.WARNING
-    offline = f" ({total - sent} offline)" if sent < total else ""
+    offline = f" ({total - sent - failed} offline)" if sent + failed < total else ""
     modeladmin.message_user(request, f"{what} sent to {sent} of {total} device(s){offline}.", level)
 
 
@@ -118,7 +119,7 @@ def _send_to_each(modeladmin: admin.ModelAdmin, request: HttpRequest, what: str,
     if failures:
         modeladmin.message_user(request, gettext("%(what)s failed for %(count)d device(s): %(errors)s") % {
             "what": what, "count": len(failures), "errors": "; ".join(failures[:5])}, messages.ERROR)
-    _report(modeladmin, request, what, sent, len(devices))
+    _report(modeladmin, request, what, sent, len(devices), len(failures))
 
 
 @admin.action(description="Reboot selected devices")
