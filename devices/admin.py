@@ -166,8 +166,7 @@ class PairingRequestAdmin(admin.ModelAdmin):
     """Bound devices seen with a new Client-Id. Approve a device you reflashed or reset;
     reject what you do not recognise (someone who knows the MAC)."""
 
-    list_display = ("device", "client_id", "address", "board_type", "firmware_version", "key_verified",
-                    "created_at", "last_seen_at", "approved_at")
+    list_display = ("device", "client_id", "address", "firmware_version", "key_verified", "last_seen_at")
     list_filter = ("key_verified",)
     list_select_related = ("device",)
     search_fields = ("device__mac", "device__name", "client_id")

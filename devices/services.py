@@ -206,7 +206,9 @@ def device_bind(*, code: str, owner: AbstractBaseUser, persona: Model | None = N
 
 @transaction.atomic
 def device_unbind(*, device: Device) -> Device:
-    """Forget the owner; the device gets a new activation code at its next OTA check."""
+    """Forget the owner (and the Client-Id pin: open re-pairing requests go too); the device
+    gets a new activation code at its next OTA check."""
+    device.pairing_requests.all().delete()
     device.owner = None
     device.bound_at = None
     device.revoked_at = None
