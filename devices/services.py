@@ -127,8 +127,8 @@ def activation_capacity_reached(*, now: datetime | None = None) -> bool:
 
 
 def _new_code(now: datetime) -> str:
-    # The capacity check keeps the space at most a few percent full, so a free code is
-    # found in a draw or two; the attempt cap only guards against a broken random source.
+    # The capacity check keeps the code space at most 10 % full (the cap cannot go higher),
+    # so a free code is found in a draw or two; the attempt cap guards a broken random source.
     if activation_capacity_reached(now=now):
         raise ActivationCapacityError("too many outstanding activation codes")
     usable = activation_codes_outstanding(now=now)

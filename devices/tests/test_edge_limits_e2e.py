@@ -22,6 +22,8 @@ from testing.server import AsgiServer
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 CLIENT = "5d5d5d5d-0000-4000-8000-000000000001"
+# Fixed windows reset at their edge; a day-long window keeps a burst inside one of them.
+ONE_WINDOW = {"XIAOZHI_OTA_RATE_WINDOW_SECONDS": "86400", "XIAOZHI_NEW_DEVICE_RATE_WINDOW_SECONDS": "86400"}
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -41,16 +43,21 @@ def check_in(server: AsgiServer, number: int) -> tuple[int, dict[str, Any], dict
 
 
 def test_an_ota_flood_from_one_address_creates_few_devices_and_codes(asgi_server_factory: Any) -> None:
-    server = asgi_server_factory(XIAOZHI_NEW_DEVICE_RATE_PER_IP="5", XIAOZHI_OTA_RATE_PER_IP="12")
-    statuses = [check_in(server, number) for number in range(20)]
+    server = asgi_server_factory(XIAOZHI_NEW_DEVICE_RATE_PER_IP="5", **ONE_WINDOW)
+    replies = [check_in(server, number) for number in range(20)]
 
-    assert [status for status, _, _ in statuses[:5]] == [200] * 5
-    refused = statuses[5]
-    assert refused[0] == 429 and refused[1]["error"] == "too_many_new_devices" and int(refused[2]["Retry-After"]) > 0
+    assert [status for status, _, _ in replies] == [200] * 5 + [429] * 15
+    assert {body["error"] for _, body, _ in replies[5:]} == {"too_many_new_devices"}
+    assert int(replies[5][2]["Retry-After"]) > 0
     assert Device.objects.count() == 5 and ActivationCode.objects.count() == 5
-    # Known devices may check in again, up to the per-address limit on OTA checks.
-    assert check_in(server, 0)[0] == 429  # 21st request this window, over 12
-    assert statuses[11][1]["error"] == "too_many_new_devices" and statuses[12][1]["error"] == "rate_limited"
+    assert check_in(server, 0)[0] == 200  # devices already known still check in
+
+
+def test_ota_checks_are_limited_per_address(asgi_server_factory: Any) -> None:
+    server = asgi_server_factory(XIAOZHI_OTA_RATE_PER_IP="10", **ONE_WINDOW)
+    replies = [check_in(server, 0) for _ in range(12)]
+    assert [status for status, _, _ in replies] == [200] * 10 + [429] * 2
+    assert replies[-1][1]["error"] == "rate_limited" and int(replies[-1][2]["Retry-After"]) > 0
 
 
 def test_new_devices_get_a_clear_error_when_too_many_codes_are_outstanding(asgi_server_factory: Any) -> None:
