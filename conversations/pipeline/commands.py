@@ -7,14 +7,8 @@ stays here is what the session says itself.
 from __future__ import annotations
 
 from devices.protocol.commands import (  # noqa: F401  (re-exported for the session)
-    COMMANDS,
-    DEFAULT_CALL_TIMEOUT,
-    MAX_CALL_TIMEOUT,
-    MCP_RESULT_TYPE,
-    MIN_CALL_TIMEOUT,
     BadCommand,
     call_request,
-    call_timeout,
     command_message,
     command_name,
     mcp_result,

@@ -30,7 +30,6 @@ from devices.protocol.messages import Alert, Custom, Message, System
 COMMAND_EVENT = "device.command"
 REPLACED_EVENT = "device.replaced"
 MCP_RESULT_TYPE = "device.mcp_result"
-COMMANDS: tuple[str, ...] = ("reboot", "alert", "custom", "say", "mcp_call")
 MIN_CALL_TIMEOUT = 0.1
 MAX_CALL_TIMEOUT = 300.0
 DEFAULT_CALL_TIMEOUT = 30.0
