@@ -1,98 +1,119 @@
 """DeviceConsumer: the thin Channels adapter between a device socket and its VoiceSession.
 
+Authentication happened before the consumer runs: DeviceAuthMiddleware (devices/middleware.py)
+put the decision in `scope["device_auth"]`. `connect` enforces it, takes a connection slot,
+loads the session configuration and claims the device (one DB hop), then accepts; a
+previous socket of the same device, in this process or another, is told to close
+(`device.replaced`). So by the time the device can send its hello the session is ready to
+answer it at once.
+
 Channels awaits one handler at a time per consumer (socket frames and channel-layer events
 share one queue), so every handler here returns quickly: frames are handed to the session,
-commands run in tasks. All slow setup (auth, config: one DB hop) happens before `accept`,
-so by the time the device can send its hello the session is ready to answer it at once.
+commands run in tasks.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from conversations.pipeline.aio import TaskSet
-from conversations.pipeline.commands import command_name, mcp_result
 from conversations.pipeline.config import SessionConfig
 from conversations.pipeline.contracts import EngineContext, VoiceEngine
 from conversations.pipeline.engine import VoiceEngine as FullVoiceEngine
-from conversations.pipeline.session import CloseCode, VoiceSession
-from conversations.selectors import (
-    header_value,
-    persona_for_device,
-    request_base_url,
-    scope_client_address,
-    session_config_for,
-)
+from conversations.pipeline.session import VoiceSession
+from conversations.selectors import persona_for_device, request_base_url, session_config_for
 from conversations.services import DbSessionHooks
-from devices.auth import DeviceAuthResult, device_authenticate
-from devices.models import device_group_name
-from devices.presence import TOUCH_INTERVAL_SECONDS
+from devices.addresses import header_value, scope_client_address
+from devices.auth import DeviceAuthResult
+from devices.presence import TOUCH_INTERVAL_SECONDS, device_connection_claim
+from devices.presence_writer import offline_writer
+from devices.protocol.close_codes import CloseCode
+from devices.protocol.commands import command_name, mcp_result, replaced_event
 
 logger = logging.getLogger(__name__)
 
-LAYER_RETRY_SECONDS = 1.0
+# How long a closing socket waits for its offline write (the writer carries on regardless).
+OFFLINE_WAIT_SECONDS = 5.0
+NOT_AUTHENTICATED = DeviceAuthResult(ok=False, close_code=CloseCode.AUTH_FAILED, reason="not authenticated")
 
 
 def voice_engine_factory(ctx: EngineContext) -> VoiceEngine:
     return FullVoiceEngine(ctx)
 
 
-def _prepare(scope: dict[str, Any]) -> tuple[DeviceAuthResult, SessionConfig | None, int | None]:
-    """Authenticate and load the session configuration in one thread hop (sync, ORM)."""
-    headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope.get("headers", ())}
-    query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-    auth = device_authenticate(headers=headers, query=query)
-    if not auth.ok or auth.device is None:
-        return auth, None, None
-    persona = persona_for_device(auth.device)
-    config = session_config_for(auth.device, auth, persona=persona, request_base_url=request_base_url(scope))
-    return auth, config, persona.pk
+def _prepare(auth: DeviceAuthResult, scope: dict[str, Any], channel_name: str) -> tuple[SessionConfig, int, str]:
+    """Session configuration, and the device claimed for this socket (sync, ORM, one hop).
+
+    Returns the config, the persona id and the channel of the connection this one replaces.
+    """
+    device = auth.device
+    assert device is not None
+    persona = persona_for_device(device)
+    config = session_config_for(device, auth, persona=persona, request_base_url=request_base_url(scope))
+    previous = device_connection_claim(device_id=device.pk, session_id=config.session_id, channel_name=channel_name)
+    return config, persona.pk, previous
 
 
 class DeviceConsumer(AsyncWebsocketConsumer):
     """`/xiaozhi/v1/`: one device, one VoiceSession. Implements the session's Transport."""
 
-    active_connections: ClassVar[int] = 0  # per process; over the limit new sockets get 1013
+    # Per process. Over the limit new sockets get 1013; unbound devices have their own,
+    # smaller limit so the rest of the slots stay reserved for bound devices.
+    active_connections: ClassVar[int] = 0
+    unbound_connections: ClassVar[int] = 0
     engine_factory = staticmethod(voice_engine_factory)
 
     async def connect(self) -> None:
         self.session: VoiceSession | None = None
-        self._group: str | None = None
         self._open = False
-        self._counted = False
+        self._slot: bool | None = None  # the `bound` flag of the slot this socket holds
+        self._claimed: str | None = None  # session id written on the device row
         self._commands = TaskSet("device commands")
-        if DeviceConsumer.active_connections >= settings.XIAOZHI_MAX_DEVICE_CONNECTIONS:
-            logger.warning("device connection refused: too many connections")
+        auth: DeviceAuthResult = self.scope.get("device_auth") or NOT_AUTHENTICATED
+        if not auth.ok or auth.device is None:
+            await self._refuse(auth.close_code or CloseCode.AUTH_FAILED, auth.reason or "refused")
+            return
+        if not self._take_slot(auth.bound):
+            logger.warning("device connection refused: too many connections", extra={"bound": auth.bound})
             await self._refuse(CloseCode.TRY_AGAIN_LATER, "too many connections")
             return
-        DeviceConsumer.active_connections += 1
-        self._counted = True
         try:
             # Not thread-sensitive: a connecting device must not queue behind sync views.
             prepare = database_sync_to_async(_prepare, thread_sensitive=False)
-            auth, config, persona_id = await prepare(self.scope)
-        except Exception:
-            logger.exception("device connection setup failed")
-            await self._refuse(CloseCode.INTERNAL_ERROR, "internal error")
-            return
-        if config is None or auth.device is None:
-            await self._refuse(auth.close_code or CloseCode.AUTH_FAILED, auth.reason or "refused")
-            return
-        try:
+            config, persona_id, previous = await prepare(auth, self.scope, self.channel_name)
+            self._claimed = config.session_id
             await self._start(auth.device.pk, config, persona_id)
-        except Exception:  # e.g. the channel layer (Redis) is unreachable
+        except Exception:  # e.g. the database or the channel layer is unreachable
             logger.exception("device session start failed")
             await self._refuse(CloseCode.INTERNAL_ERROR, "internal error")
+            return
+        if previous and previous != self.channel_name:
+            await self._replace(previous, config.session_id)
+
+    def _take_slot(self, bound: bool) -> bool:
+        cls = DeviceConsumer
+        if cls.active_connections >= settings.XIAOZHI_MAX_DEVICE_CONNECTIONS:
+            return False
+        if not bound and cls.unbound_connections >= settings.XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS:
+            return False
+        cls.active_connections += 1
+        cls.unbound_connections += 0 if bound else 1
+        self._slot = bound
+        return True
+
+    def _release_slot(self) -> None:
+        if self._slot is None:
+            return
+        DeviceConsumer.active_connections -= 1
+        DeviceConsumer.unbound_connections -= 0 if self._slot else 1
+        self._slot = None
 
     async def _refuse(self, code: int, reason: str) -> None:
         # Accept first: a close before accept is an HTTP 403 without code or reason.
@@ -107,39 +128,15 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self.session = VoiceSession(self, config, hooks, self.engine_factory,
                                     protocol_header=header_value(self.scope, b"protocol-version") or None,
                                     touch_interval=TOUCH_INTERVAL_SECONDS)
-        self._group = device_group_name(device_pk)
-        await self.channel_layer.group_add(self._group, self.channel_name)
         await self.accept()
         self._open = True
         await self.session.start()
 
-    # -- channel layer: commands only, so its trouble must never end a voice session -------
-
-    @property
-    def channel_receive(self) -> Callable[[], Awaitable[dict[str, Any]]]:
-        return self._receive_command
-
-    @channel_receive.setter
-    def channel_receive(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
-        # AsyncConsumer.__call__ assigns the layer's receive here; we wrap it.
-        self._layer_receive = receive
-
-    async def _receive_command(self) -> dict[str, Any]:
-        """The layer's receive, retried instead of raised.
-
-        Channels lets a failing layer receive end the consumer, closing the device's socket.
-        A Redis restart, or the read timeout redis-py 8 puts at the same 5 s as
-        channels_redis's blocking pop, would then cut off a conversation; commands just
-        pause instead.
-        """
-        while True:
-            try:
-                return await self._layer_receive()
-            except RedisTimeoutError:
-                continue  # an idle poll that lost the race with the socket timeout
-            except Exception:
-                logger.warning("channel layer receive failed, retrying", exc_info=True)
-                await asyncio.sleep(LAYER_RETRY_SECONDS)
+    async def _replace(self, previous: str, session_id: str) -> None:
+        try:
+            await self.channel_layer.send(previous, replaced_event(session_id))
+        except Exception as exc:  # the old socket then lives on until its own timeouts
+            logger.warning("could not close the replaced connection", extra={"error": repr(exc)})
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch without its `aclose_old_connections()` before every handler.
@@ -174,14 +171,22 @@ class DeviceConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         self._open = False
-        if self._group is not None:
-            await self.channel_layer.group_discard(self._group, self.channel_name)
-        if self.session is not None:
-            await self.session.aclose()  # fails pending tool calls: their callers hear it now
-        await self._commands.aclose()
-        if self._counted:
-            DeviceConsumer.active_connections -= 1
-            self._counted = False
+        try:
+            if self.session is not None:
+                await self.session.aclose()  # fails pending tool calls: their callers hear it now
+            await self._commands.aclose()
+        finally:
+            self._release_slot()
+            await self._mark_offline()
+
+    async def _mark_offline(self) -> None:
+        """Hand the session to the loop's offline writer, which outlives this consumer: even
+        when thousands of sockets close at once, every device ends offline."""
+        if self._claimed is None:
+            return
+        written = offline_writer().mark_offline(self._claimed)
+        self._claimed = None
+        await asyncio.wait({written}, timeout=OFFLINE_WAIT_SECONDS)
 
     # -- Transport ---------------------------------------------------------------------------
 
@@ -197,9 +202,16 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if not self._open:
             return
         self._open = False
-        await super().close(code=code, reason=reason)
+        # A plain int: autobahn refuses an IntEnum such as CloseCode.
+        await super().close(code=None if code is None else int(code), reason=reason)
 
-    # -- channel-layer commands (devices/commands.py) ----------------------------------------
+    # -- channel-layer events (devices/protocol/commands.py) ---------------------------------
+
+    async def device_replaced(self, event: dict[str, Any]) -> None:
+        """A newer socket of this device connected (maybe in another process): give way."""
+        if self.session is not None and event.get("session_id") != self.session.session_id:
+            logger.info("device connection replaced by a new one", extra={"session_id": self.session.session_id})
+            await self.close(code=CloseCode.REPLACED, reason="replaced by a new connection")
 
     async def device_command(self, event: dict[str, Any]) -> None:
         if self.session is None:
@@ -208,9 +220,6 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             self._commands.create(self._run_command(self.session, event), name="device-command")
         except RuntimeError:  # the socket is closing
             logger.info("device command dropped: the connection is closing")
-
-    # The per-command event types of docs/architecture.md land in the same place.
-    device_reboot = device_alert = device_custom = device_say = device_mcp_call = device_command
 
     async def _run_command(self, session: VoiceSession, event: dict[str, Any]) -> None:
         reply_channel = event.get("reply_channel")

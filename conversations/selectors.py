@@ -15,9 +15,9 @@ from django.conf import settings
 
 from conversations.models import Persona
 from conversations.pipeline.config import DeviceInfo, PersonaConfig, SessionConfig
+from devices.addresses import header_value, scope_client_address  # noqa: F401  (re-exported)
 from devices.auth import DeviceAuthResult
 from devices.models import Device
-from devices.views import trusted_client_address
 from devices.vision import vision_token_issue
 from tools.selectors import mcp_tool_sources
 
@@ -146,20 +146,6 @@ def request_base_url(scope: dict[str, Any]) -> str:
     if not has_port and port and port != (443 if secure else 80):
         host = f"{host}:{port}"
     return f"{'https' if secure else 'http'}://{host}"
-
-
-def scope_client_address(scope: dict[str, Any]) -> str:
-    """The client's IP for a WebSocket scope, with the same proxy rules as HTTP requests."""
-    client = scope.get("client")
-    remote = str(client[0]) if isinstance(client, (list, tuple)) and client else ""
-    return trusted_client_address(remote, header_value(scope, b"x-forwarded-for")) or ""
-
-
-def header_value(scope: dict[str, Any], name: bytes) -> str:
-    for key, value in scope.get("headers") or ():
-        if key.lower() == name:
-            return value.decode("latin-1").strip()
-    return ""
 
 
 def _strings(value: object) -> tuple[str, ...]:

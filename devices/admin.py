@@ -24,11 +24,13 @@ from devices.admin_actions import (
     say_on_devices,
 )
 from devices.admin_history import device_history_html
+from devices.addresses import client_address
 from devices.auth import normalize_mac
 from devices.forms import DeviceBindForm, DeviceKeyUploadForm, FirmwareReleaseForm
-from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease
+from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease, PairingRequest
+from devices.pairing import pairing_request_approve, pairing_request_reject
 from devices.ratelimit import code_entry_limit, rate_limit_hit
-from devices.selectors import activation_codes_outstanding
+from devices.selectors import activation_codes_outstanding, pairing_requests_pending
 from devices.services import (
     BindError,
     device_bind,
@@ -38,7 +40,6 @@ from devices.services import (
     device_unbind,
     firmware_release_save,
 )
-from devices.views import client_address
 
 
 class BoundFilter(admin.SimpleListFilter):
@@ -54,12 +55,25 @@ class BoundFilter(admin.SimpleListFilter):
         return queryset
 
 
+class PairingFilter(admin.SimpleListFilter):
+    title = _("re-pairing")
+    parameter_name = "repairing"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("requested", _("Re-pairing requested"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Device]) -> QuerySet[Device]:
+        if self.value() == "requested":
+            return queryset.filter(pk__in=pairing_requests_pending().values("device"))
+        return queryset
+
+
 @admin.register(Device)
 class DeviceAdmin(admin.ModelAdmin):
     list_display = (
         "mac", "name", "online", "last_seen_at", "board_type", "firmware_version", "owner", "persona", "bound",
     )
-    list_filter = ("is_online", BoundFilter, "board_type", "firmware_version", "owner", "persona")
+    list_filter = ("is_online", BoundFilter, PairingFilter, "board_type", "firmware_version", "owner", "persona")
     search_fields = ("mac", "name", "serial_number", "client_id")
     list_select_related = ("owner", "persona")
     raw_id_fields = ("owner",)
@@ -67,7 +81,7 @@ class DeviceAdmin(admin.ModelAdmin):
     readonly_fields = (
         "client_id", "serial_number", "board_type", "board_name", "chip_model", "firmware_version",
         "flash_size", "minimum_free_heap", "language", "user_agent", "last_ip", "last_checkin_at",
-        "bound_at", "token_generation", "is_online", "online_since", "last_seen_at", "session_id",
+        "bound_at", "token_generation", "revoked_at", "is_online", "online_since", "last_seen_at", "session_id",
         "mcp_server_info", "device_tools", "mcp_tools_updated_at", "created_at", "updated_at",
         "conversation_history",
     )
@@ -78,7 +92,7 @@ class DeviceAdmin(admin.ModelAdmin):
             "flash_size", "minimum_free_heap", "language", "user_agent", "last_ip", "last_checkin_at",
         )}),
         (_("Presence and tokens"), {"fields": (
-            "is_online", "online_since", "last_seen_at", "session_id", "token_generation",
+            "is_online", "online_since", "last_seen_at", "session_id", "token_generation", "revoked_at",
         )}),
         (_("Conversations"), {"fields": ("conversation_history",)}),
         (_("Device tools (MCP)"), {"classes": ("collapse",), "fields": (
@@ -112,7 +126,7 @@ class DeviceAdmin(admin.ModelAdmin):
     def bound(self, device: Device) -> bool:
         return device.is_bound
 
-    @admin.action(description=_("Revoke tokens (the device must reboot to get a new one)"))
+    @admin.action(description=_("Revoke tokens (the device must be activated again with a code)"))
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[Device]) -> None:
         for device in queryset:
             device_revoke_tokens(device=device)
@@ -161,6 +175,46 @@ class DeviceAdmin(admin.ModelAdmin):
             return None
 
 
+@admin.register(PairingRequest)
+class PairingRequestAdmin(admin.ModelAdmin):
+    """Bound devices seen with a new Client-Id. Approve a device you reflashed or reset;
+    reject what you do not recognise (someone who knows the MAC)."""
+
+    list_display = ("device", "client_id", "address", "firmware_version", "key_verified", "last_seen_at")
+    list_filter = ("key_verified",)
+    list_select_related = ("device",)
+    search_fields = ("device__mac", "device__name", "client_id")
+    readonly_fields = ("device", "client_id", "address", "board_type", "firmware_version", "key_verified",
+                       "created_at", "last_seen_at", "approved_at")
+    exclude = ("challenge",)
+    actions = ("approve", "reject")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[PairingRequest]:
+        return super().get_queryset(request).filter(approved_at__isnull=True)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # requests come from OTA checks
+
+    @admin.action(description=_("Approve: the device now uses this Client-Id"),
+                  permissions=["change"])
+    def approve(self, request: HttpRequest, queryset: QuerySet[PairingRequest]) -> None:
+        count = 0
+        for pairing in queryset.select_related("device"):
+            pairing_request_approve(request=pairing)
+            count += 1
+        self.message_user(request, gettext("Approved %(count)d re-pairing request(s).") % {"count": count},
+                          messages.SUCCESS)
+
+    @admin.action(description=_("Reject"), permissions=["change"])
+    def reject(self, request: HttpRequest, queryset: QuerySet[PairingRequest]) -> None:
+        count = 0
+        for pairing in queryset.select_related("device"):
+            pairing_request_reject(request=pairing)
+            count += 1
+        self.message_user(request, gettext("Rejected %(count)d re-pairing request(s).") % {"count": count},
+                          messages.SUCCESS)
+
+
 class CodeStateFilter(admin.SimpleListFilter):
     """Defaults to the codes an operator can still enter."""
 
@@ -191,11 +245,12 @@ class CodeStateFilter(admin.SimpleListFilter):
 
 @admin.register(ActivationCode)
 class ActivationCodeAdmin(admin.ModelAdmin):
-    list_display = ("code", "device", "created_at", "expires_at", "used_at", "activated_at")
+    list_display = ("code", "device", "client_id", "created_at", "expires_at", "used_at", "activated_at")
     list_filter = (CodeStateFilter,)
     list_select_related = ("device",)
     search_fields = ("code", "device__mac")
-    readonly_fields = ("device", "code", "challenge", "created_at", "expires_at", "used_at", "activated_at")
+    readonly_fields = ("device", "code", "challenge", "client_id", "created_at", "expires_at", "used_at",
+                       "activated_at")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # codes are issued to devices by the OTA check

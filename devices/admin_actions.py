@@ -9,6 +9,7 @@ show a small form (the standard intermediate-page pattern), then act on submit.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -102,22 +103,45 @@ _SENT = {
     "say": ngettext_lazy("Text sent to %(sent)d of %(total)d device.",
                          "Text sent to %(sent)d of %(total)d devices.", "total"),
 }
+_FAILED = {
+    "reboot": ngettext_lazy("Reboot failed for %(count)d device: %(errors)s",
+                            "Reboot failed for %(count)d devices: %(errors)s", "count"),
+    "alert": ngettext_lazy("Alert failed for %(count)d device: %(errors)s",
+                           "Alert failed for %(count)d devices: %(errors)s", "count"),
+    "say": ngettext_lazy("Text failed for %(count)d device: %(errors)s",
+                         "Text failed for %(count)d devices: %(errors)s", "count"),
+}
 
 
-def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, what: str, sent: int, total: int) -> None:
+def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, what: str, sent: int, total: int,
+            failed: int = 0) -> None:
     level = messages.SUCCESS if sent == total else messages.WARNING
     text = _SENT[what] % {"sent": sent, "total": total}
-    if sent < total:
-        offline = total - sent
+    offline = total - sent - failed
+    if offline > 0:
         text += " " + ngettext("%(count)d is offline.", "%(count)d are offline.", offline) % {"count": offline}
     modeladmin.message_user(request, text, level)
 
 
+def _send_to_each(modeladmin: admin.ModelAdmin, request: HttpRequest, what: str, devices: list[Device],
+                  send: Callable[[Device], bool]) -> None:
+    """Send to every device; a command the channel layer did not take is reported as failed,
+    never counted as sent."""
+    sent, failures = 0, []
+    for device in devices:
+        try:
+            sent += send(device)
+        except DeviceCommandError as exc:
+            failures.append(f"{device.mac}: {exc}")
+    if failures:
+        text = _FAILED[what] % {"count": len(failures), "errors": "; ".join(failures[:5])}
+        modeladmin.message_user(request, text, messages.ERROR)
+    _report(modeladmin, request, what, sent, len(devices), len(failures))
+
+
 @admin.action(description=_("Reboot selected devices"))
 def reboot_devices(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device]) -> None:
-    devices = list(queryset)
-    sent = sum(device_reboot(device=device) for device in devices)
-    _report(modeladmin, request, "reboot", sent, len(devices))
+    _send_to_each(modeladmin, request, "reboot", list(queryset), lambda device: device_reboot(device=device))
 
 
 @admin.action(description=_("Show an alert on selected devices"))
@@ -127,9 +151,8 @@ def alert_devices(modeladmin: admin.ModelAdmin, request: HttpRequest,
     if not form.is_bound or not form.is_valid():
         return _form_page(modeladmin, request, queryset, form, action="alert_devices",
                           intro=_("Show an alert on these devices"), submit=_("Send alert"))
-    devices = list(queryset)
-    sent = sum(device_alert(device=device, **form.cleaned_data) for device in devices)
-    _report(modeladmin, request, "alert", sent, len(devices))
+    _send_to_each(modeladmin, request, "alert", list(queryset),
+                  lambda device: device_alert(device=device, **form.cleaned_data))
     return None
 
 
@@ -140,9 +163,8 @@ def say_on_devices(modeladmin: admin.ModelAdmin, request: HttpRequest,
     if not form.is_bound or not form.is_valid():
         return _form_page(modeladmin, request, queryset, form, action="say_on_devices",
                           intro=_("Speak a text on these devices"), submit=_("Say it"))
-    devices = list(queryset)
-    sent = sum(device_say(device=device, text=form.cleaned_data["text"]) for device in devices)
-    _report(modeladmin, request, "say", sent, len(devices))
+    _send_to_each(modeladmin, request, "say", list(queryset),
+                  lambda device: device_say(device=device, text=form.cleaned_data["text"]))
     return None
 
 

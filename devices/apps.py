@@ -8,3 +8,6 @@ class DevicesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "devices"
     verbose_name = _("Devices")
+
+    def ready(self) -> None:
+        from devices import checks  # noqa: F401  (registers the start-up checks)

@@ -1,9 +1,11 @@
 """Who may open a device WebSocket: the decision, separate from the consumer that enforces it.
 
-The consumer calls `device_authenticate` through `database_sync_to_async` with the handshake
-headers (names in any case) and query parameters, then accepts or closes with the returned
-code. Policy comes from settings: XIAOZHI_WS_AUTH ("token" or "open"), XIAOZHI_WS_ALLOWED_MACS
-(skip the token check) and XIAOZHI_UNBOUND_POLICY ("speak_code", "refuse", "allow").
+The device-auth middleware (devices/middleware.py) calls `device_authenticate` through
+`database_sync_to_async` with the handshake headers (names in any case) and query
+parameters; the consumer accepts or closes with the returned code. Policy comes from
+settings: XIAOZHI_WS_AUTH ("token" or "open"), XIAOZHI_WS_ALLOWED_MACS (skip the token
+check) and XIAOZHI_UNBOUND_POLICY ("speak_code", "refuse", "allow"). With tokens, a bound
+device is only accepted with the Client-Id it was bound with (trust on first use).
 """
 from __future__ import annotations
 
@@ -15,14 +17,15 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from devices.models import Device
-from devices.selectors import device_get_by_mac
-from devices.services import activation_code_issue
+from devices.protocol.close_codes import CloseCode
+from devices.selectors import device_client_trusted, device_get_by_mac
+from devices.services import ActivationCapacityError, activation_code_issue
 from devices.tokens import TokenStatus, token_generation_of, token_verify
 
 logger = logging.getLogger(__name__)
 
-CLOSE_AUTH_FAILED = 4001
-CLOSE_NOT_ACTIVATED = 4003
+CLOSE_AUTH_FAILED = CloseCode.AUTH_FAILED
+CLOSE_NOT_ACTIVATED = CloseCode.NOT_ACTIVATED
 
 _MAC = re.compile(r"([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}")
 
@@ -89,13 +92,20 @@ def _device_for_open_access(mac: str, client_id: str) -> Device:
     return device
 
 
-def _with_binding_policy(device: Device) -> DeviceAuthResult:
-    if device.is_bound:
+def _spoken_code(device: Device, client_id: str) -> str | None:
+    try:
+        return activation_code_issue(device=device, client_id=client_id or None).code
+    except ActivationCapacityError:
+        return None  # the session says "not bound yet" without a code
+
+
+def _with_binding_policy(device: Device, client_id: str) -> DeviceAuthResult:
+    if not device.needs_activation:
         return DeviceAuthResult(ok=True, device=device, bound=True)
     policy = settings.XIAOZHI_UNBOUND_POLICY
     if policy == "refuse":
         return _refuse("device not activated", CLOSE_NOT_ACTIVATED, device)
-    code = activation_code_issue(device=device).code if policy == "speak_code" else None
+    code = _spoken_code(device, client_id) if policy == "speak_code" else None
     return DeviceAuthResult(ok=True, device=device, bound=False, activation_code=code)
 
 
@@ -108,7 +118,7 @@ def device_authenticate(*, headers: dict[str, str], query: dict[str, str]) -> De
     if mac is None:
         return _refuse("device id invalid")
     if settings.XIAOZHI_WS_AUTH == "open" or mac in settings.XIAOZHI_WS_ALLOWED_MACS:
-        return _with_binding_policy(_device_for_open_access(mac, client_id))
+        return _with_binding_policy(_device_for_open_access(mac, client_id), client_id)
     device = device_get_by_mac(mac=mac)
     if device is None:
         return _refuse("device unknown")
@@ -117,4 +127,7 @@ def device_authenticate(*, headers: dict[str, str], query: dict[str, str]) -> De
     problem = _token_problem(device, client_id, token)
     if problem is not None:
         return _refuse(problem, device=device)
-    return _with_binding_policy(device)
+    if not device_client_trusted(device=device, client_id=client_id):
+        # A token issued to this Client-Id before the device was bound to another one.
+        return _refuse("client id not paired", device=device)
+    return _with_binding_policy(device, client_id)

@@ -1,9 +1,13 @@
 """Commands to a connected device from anywhere: admin actions, manage.py, Celery tasks.
 
-Every connected device's consumer is in the channel-layer group `device.<pk>`; these
-services send it a small `device.command` event (never audio) and, for tool calls, wait on
-a fresh reply channel for the `device.mcp_result`. With Redis as the channel layer this
-works across processes; the in-memory layer only reaches sockets of the same process.
+A connected device's consumer listens on its own channel, whose name presence stores on the
+Device row (`channel_name`); these services send it a small `device.command` event (never
+audio; format in devices/protocol/commands.py) and, for tool calls, wait on a fresh reply
+channel for the `device.mcp_result`. Addressing the channel rather than a group means
+nothing is lost when Redis restarts (group memberships would be). With Redis as the channel
+layer this works across processes; the in-memory layer only reaches sockets of the same
+process. When the layer cannot take the event the caller gets a DeviceCommandError, never
+a silent "sent".
 
 Each service has a sync form (admin, manage.py) and an async twin prefixed with `a`.
 """
@@ -15,13 +19,14 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
 from channels.layers import BaseChannelLayer, get_channel_layer
 
-from devices.models import Device, device_group_name
+from devices.models import Device
+from devices.protocol.commands import command_event
 
 logger = logging.getLogger(__name__)
 
-COMMAND_EVENT = "device.command"
 DEFAULT_TOOL_TIMEOUT = 30.0
 # The device has `timeout` to answer; the hop back through the layer gets this on top.
 REPLY_MARGIN_SECONDS = 2.0
@@ -56,20 +61,41 @@ def _layer() -> BaseChannelLayer:
     return layer
 
 
-def device_is_online(*, device: DeviceRef) -> bool:
-    # Read fresh: the admin's instance may be minutes old.
-    return Device.objects.filter(pk=_pk(device), is_online=True).exists()
+def device_channel(*, device: DeviceRef) -> str | None:
+    """The channel of the device's live socket; None when it is offline.
+
+    Read fresh: the admin's instance may be minutes old.
+    """
+    online = Device.objects.filter(pk=_pk(device), is_online=True).exclude(channel_name="")
+    return online.values_list("channel_name", flat=True).first()
+
+
+async def _device_channel(device: DeviceRef) -> str | None:
+    return await database_sync_to_async(device_channel, thread_sensitive=False)(device=device)
+
+
+async def _send(layer: BaseChannelLayer, channel: str, event: dict[str, Any]) -> None:
+    try:
+        await layer.send(channel, event)
+    except ChannelFull:
+        raise DeviceCommandError("the device has too many commands waiting") from None
+    except Exception as exc:  # the layer already retried (devices/layers.py)
+        logger.warning("device command not sent: channel layer unavailable", extra={"error": repr(exc)})
+        raise DeviceCommandError("the channel layer (Redis) is unavailable; the command was not sent") from exc
 
 
 # -- fire and forget ----------------------------------------------------------------------
 
 
 async def adevice_send_command(*, device: DeviceRef, command: str, **data: Any) -> bool:
-    """Send `command` to the device's sockets; False (nothing sent) if it is offline."""
-    if not await database_sync_to_async(device_is_online, thread_sensitive=False)(device=device):
+    """Send `command` to the device's socket; False (nothing sent) if it is offline.
+
+    Raises DeviceCommandError when the channel layer cannot take it.
+    """
+    channel = await _device_channel(device)
+    if channel is None:
         return False
-    event = {**data, "type": COMMAND_EVENT, "command": command}
-    await _layer().group_send(device_group_name(_pk(device)), event)
+    await _send(_layer(), channel, command_event(command, **data))
     logger.info("device command sent", extra={"device_id": _pk(device), "command": command})
     return True
 
@@ -109,14 +135,14 @@ async def adevice_mcp_call(
         DeviceCommandTimeout: no answer within `timeout` (+ a small margin).
         DeviceToolError: the device answered with an error.
     """
-    if not await database_sync_to_async(device_is_online, thread_sensitive=False)(device=device):
+    channel = await _device_channel(device)
+    if channel is None:
         raise DeviceOffline("the device is offline")
     layer = _layer()
     reply_channel = await layer.new_channel()
-    await layer.group_send(device_group_name(_pk(device)), {
-        "type": COMMAND_EVENT, "command": "mcp_call", "name": name, "arguments": arguments or {},
-        "timeout": timeout, "reply_channel": reply_channel,
-    })
+    await _send(layer, channel, command_event(
+        "mcp_call", name=name, arguments=arguments or {}, timeout=timeout, reply_channel=reply_channel,
+    ))
     try:
         async with asyncio.timeout(timeout + REPLY_MARGIN_SECONDS):
             reply = await layer.receive(reply_channel)

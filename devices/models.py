@@ -40,11 +40,20 @@ class Device(models.Model):
 
     # Bumping the generation revokes every token issued before (it is part of the HMAC).
     token_generation = models.PositiveIntegerField(_("token generation"), default=0)
+    # Set by "revoke tokens": until an operator binds it again with a fresh code, the OTA
+    # check answers with an activation code instead of a token.
+    revoked_at = models.DateTimeField(
+        _("tokens revoked at"), null=True, blank=True,
+        help_text=_("While set, the device gets no token and must be activated again with a code."),
+    )
 
     is_online = models.BooleanField(_("online"), default=False, db_index=True)
     online_since = models.DateTimeField(_("online since"), null=True, blank=True)
     last_seen_at = models.DateTimeField(_("last seen"), null=True, blank=True)
-    session_id = models.CharField(_("session ID"), max_length=36, blank=True)
+    session_id = models.CharField(_("session ID"), max_length=36, blank=True, db_index=True)
+    # The channel-layer address of the consumer holding the live socket (commands and the
+    # "replaced" event go there); "" when no socket is open.
+    channel_name = models.CharField(_("channel name"), max_length=200, blank=True, editable=False)
 
     mcp_server_info = models.JSONField(_("MCP server info"), default=dict, blank=True)
     mcp_tools = models.JSONField(_("MCP tools"), default=list, blank=True)
@@ -66,13 +75,9 @@ class Device(models.Model):
         return self.owner_id is not None
 
     @property
-    def group_name(self) -> str:
-        """Channel-layer group of the process holding this device's socket."""
-        return device_group_name(self.pk)
-
-
-def device_group_name(device_pk: int) -> str:
-    return f"device.{device_pk}"
+    def needs_activation(self) -> bool:
+        """Unbound, or bound but revoked: the OTA check hands out a code, not a token."""
+        return not self.is_bound or self.revoked_at is not None
 
 
 class DeviceKey(models.Model):
@@ -96,6 +101,9 @@ class ActivationCode(models.Model):
     )
     code = models.CharField(_("code"), max_length=6, db_index=True)
     challenge = models.CharField(_("challenge"), max_length=64)
+    # The Client-Id that asked for the code: binding with it binds the device to this client
+    # (trust on first use). Blank on codes issued before the field existed.
+    client_id = models.CharField(_("client id"), max_length=64, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
     expires_at = models.DateTimeField(_("expires at"))
     used_at = models.DateTimeField(_("used at"), null=True, blank=True)
@@ -111,9 +119,40 @@ class ActivationCode(models.Model):
     def __str__(self) -> str:
         return f"{self.code} ({self.device})"
 
-    @property
-    def is_usable(self) -> bool:
-        return self.used_at is None and self.expires_at > timezone.now()
+
+class PairingRequest(models.Model):
+    """A bound device checked in with a Client-Id other than the one it was bound with.
+
+    It gets no token; an operator approves (the device is re-paired with the new Client-Id,
+    e.g. after a reflash erased its NVS) or rejects (someone who knows the MAC). The
+    challenge lets the firmware poll /activate until then.
+    """
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="pairing_requests",
+                               verbose_name=_("device"))
+    client_id = models.CharField(_("client id"), max_length=64)
+    challenge = models.CharField(max_length=64, unique=True)
+    address = models.GenericIPAddressField(_("address"), null=True, blank=True)
+    board_type = models.CharField(_("board type"), max_length=100, blank=True)
+    firmware_version = models.CharField(_("firmware version"), max_length=50, blank=True)
+    key_verified = models.BooleanField(
+        _("key proof"), default=False,
+        help_text=_("The requester proved it holds this device's HMAC key (Activation-Version 2)."),
+    )
+    created_at = models.DateTimeField(_("requested at"), default=timezone.now)
+    last_seen_at = models.DateTimeField(_("last seen at"), default=timezone.now)
+    approved_at = models.DateTimeField(_("approved at"), null=True, blank=True)
+
+    class Meta:
+        ordering = ["-last_seen_at"]
+        verbose_name = _("re-pairing request")
+        verbose_name_plural = _("re-pairing requests")
+        constraints = [
+            models.UniqueConstraint(fields=["device", "client_id"], name="unique_pairing_per_client"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.device} ← {self.client_id}"
 
 
 def firmware_upload_to(instance: FirmwareRelease, filename: str) -> str:

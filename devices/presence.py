@@ -1,12 +1,19 @@
 """Presence services: online state and last-seen, without a DB write per audio frame.
 
-A session calls `device_mark_online` once at hello, `device_touch` at most once a minute
-(batched by the session), and `device_mark_offline` on disconnect. A crash leaves rows
-online; `device_mark_all_offline` at start-up (single machine) and `device_mark_stale_offline`
+A connecting socket claims the device (`device_connection_claim`: its session id and
+channel name, handing back the previous connection's channel so the consumer can replace
+it); the session calls `device_mark_online` once at hello, `device_touch` at most once a
+minute, and the consumer's offline writer (presence_writer.py) calls
+`devices_mark_offline` in batches when sockets close. A crash leaves rows online;
+`device_mark_all_offline` at start-up (single machine) and `device_mark_stale_offline`
 from Celery beat (several machines) clean them up.
+
+A row belongs to the session whose id it holds: writes of an older session (a socket
+closing late, an online write landing after its own offline) change nothing.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 
 from django.utils import timezone
@@ -15,12 +22,33 @@ from devices.models import Device
 
 # A live session touches its row at least this often; rows older than 3x are stale.
 TOUCH_INTERVAL_SECONDS = 60
+_CLAIM_ATTEMPTS = 5
+
+
+def device_connection_claim(*, device_id: int, session_id: str, channel_name: str) -> str:
+    """Make `session_id` / `channel_name` the device's live connection; returns the channel
+    of the connection it replaces ("" if none).
+
+    Compare-and-set on the channel name, so of two sockets connecting at once (in any
+    processes) each learns the channel of the one before it and exactly one ends up live.
+    """
+    rows = Device.objects.filter(pk=device_id)
+    for _ in range(_CLAIM_ATTEMPTS):
+        previous = rows.values_list("channel_name", flat=True).first()
+        if previous is None:
+            return ""
+        if rows.filter(channel_name=previous).update(channel_name=channel_name, session_id=session_id):
+            return previous
+    rows.update(channel_name=channel_name, session_id=session_id)  # lost every race: still take it
+    return ""
 
 
 def device_mark_online(*, device_id: int, session_id: str) -> None:
+    # Only while the session still holds the row: an online write that lands after the
+    # session's own offline (or after a newer connection claimed the row) is a no-op.
     now = timezone.now()
-    Device.objects.filter(pk=device_id).update(
-        is_online=True, online_since=now, last_seen_at=now, session_id=session_id
+    Device.objects.filter(pk=device_id, session_id=session_id).exclude(channel_name="").update(
+        is_online=True, online_since=now, last_seen_at=now,
     )
 
 
@@ -32,14 +60,21 @@ def device_mark_offline(*, device_id: int, session_id: str) -> None:
     # Only the session that went online may take the device offline: a device that
     # reconnected quickly must not be marked offline by its previous socket closing late.
     Device.objects.filter(pk=device_id, session_id=session_id).update(
-        is_online=False, last_seen_at=timezone.now()
+        is_online=False, last_seen_at=timezone.now(), channel_name="",
+    )
+
+
+def devices_mark_offline(*, session_ids: Iterable[str]) -> int:
+    """The batched form of device_mark_offline: one UPDATE for many closed sessions."""
+    return Device.objects.filter(session_id__in=list(session_ids)).update(
+        is_online=False, last_seen_at=timezone.now(), channel_name="",
     )
 
 
 def device_mark_all_offline() -> int:
-    return Device.objects.filter(is_online=True).update(is_online=False)
+    return Device.objects.filter(is_online=True).update(is_online=False, channel_name="")
 
 
 def device_mark_stale_offline() -> int:
     cutoff = timezone.now() - timedelta(seconds=3 * TOUCH_INTERVAL_SECONDS)
-    return Device.objects.filter(is_online=True, last_seen_at__lt=cutoff).update(is_online=False)
+    return Device.objects.filter(is_online=True, last_seen_at__lt=cutoff).update(is_online=False, channel_name="")

@@ -55,6 +55,27 @@ def activate_poll_limit() -> RateLimit:
     )
 
 
+def ota_check_limit() -> RateLimit:
+    """OTA checks per address: one per boot and one per ~30 s activation cycle per device,
+    so the default leaves room for many devices behind one NAT, not for a flood."""
+    return RateLimit(
+        scope="ota",
+        per_address=settings.XIAOZHI_OTA_RATE_PER_IP,
+        global_limit=None,
+        window_seconds=settings.XIAOZHI_OTA_RATE_WINDOW_SECONDS,
+    )
+
+
+def new_device_limit() -> RateLimit:
+    """MACs seen for the first time per address: each one costs a device row and a 24 h code."""
+    return RateLimit(
+        scope="new-device",
+        per_address=settings.XIAOZHI_NEW_DEVICE_RATE_PER_IP,
+        global_limit=None,
+        window_seconds=settings.XIAOZHI_NEW_DEVICE_RATE_WINDOW_SECONDS,
+    )
+
+
 def _count(key: str, window_seconds: int) -> int:
     # add() is a no-op when the key exists; the timeout outlives the window so incr() never
     # races an expiry inside it.

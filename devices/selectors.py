@@ -7,7 +7,7 @@ from datetime import datetime
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease
+from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease, PairingRequest
 from devices.versions import is_newer, parse_version, version_key
 
 
@@ -27,8 +27,33 @@ def activation_codes_outstanding(*, now: datetime | None = None) -> QuerySet[Act
     return ActivationCode.objects.filter(used_at__isnull=True, expires_at__gt=now)
 
 
-def activation_code_current(*, device: Device, now: datetime | None = None) -> ActivationCode | None:
-    return activation_codes_outstanding(now=now).filter(device=device).order_by("-created_at").first()
+def activation_code_current(
+    *, device: Device, client_id: str | None = None, now: datetime | None = None,
+) -> ActivationCode | None:
+    """The device's usable code for `client_id` (default: the device's own Client-Id)."""
+    client = device.client_id if client_id is None else client_id
+    codes = activation_codes_outstanding(now=now).filter(device=device, client_id__in=(client, ""))
+    return codes.order_by("-created_at").first()
+
+
+def activation_codes_at_capacity(*, limit: int, now: datetime | None = None) -> bool:
+    """True when `limit` codes are outstanding; counts at most `limit` rows."""
+    return activation_codes_outstanding(now=now)[:limit].count() >= limit
+
+
+def device_client_trusted(*, device: Device, client_id: str) -> bool:
+    """Whether `client_id` speaks for the device: any client while it is unbound, afterwards
+    only the one it was bound with (trust on first use; a bound row without one adopts the
+    next)."""
+    return not device.is_bound or not device.client_id or device.client_id == client_id
+
+
+def pairing_request_pending(*, device: Device, client_id: str) -> PairingRequest | None:
+    return device.pairing_requests.filter(client_id=client_id, approved_at__isnull=True).first()
+
+
+def pairing_requests_pending() -> QuerySet[PairingRequest]:
+    return PairingRequest.objects.filter(approved_at__isnull=True)
 
 
 def rollout_bucket(*, release_pk: int, mac: str) -> int:

@@ -1,4 +1,6 @@
-"""Provisioning services: check-in, activation codes, binding, tokens, keys, firmware releases.
+"""Provisioning services: check-in, activation codes, binding, /activate polls, tokens,
+keys, firmware releases (the OTA reply is built in devices/ota.py, re-pairing requests are
+handled in devices/pairing.py).
 
 Every write goes through here (views, the admin, management commands and the WebSocket auth
 call these); models stay plain. Functions are keyword-only and named `<entity>_<action>`.
@@ -16,23 +18,23 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Model
 from django.db.models import F
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext
 
-from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease
+from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease, PairingRequest
 from devices.selectors import (
     activation_code_current,
+    activation_codes_at_capacity,
     activation_codes_outstanding,
+    device_client_trusted,
     device_key_for_serial,
-    firmware_release_for,
+    pairing_request_pending,
 )
 from devices.tokens import token_sign
 
@@ -45,6 +47,10 @@ _KEY_HEX = re.compile(r"[0-9a-fA-F]{64}")  # 256 bits: eFuse HMAC keys and HMAC-
 
 class BindError(ValueError):
     """A code that cannot bind a device; the message is shown to the operator."""
+
+
+class ActivationCapacityError(RuntimeError):
+    """XIAOZHI_MAX_OUTSTANDING_CODES codes are outstanding: no new one until some expire."""
 
 
 @dataclass(frozen=True)
@@ -117,28 +123,45 @@ def device_checkin(*, report: CheckinReport, now: datetime | None = None) -> Dev
 # --- Activation codes and binding ------------------------------------------------------------
 
 
+def activation_capacity_reached(*, now: datetime | None = None) -> bool:
+    return activation_codes_at_capacity(limit=settings.XIAOZHI_MAX_OUTSTANDING_CODES, now=now)
+
+
 def _new_code(now: datetime) -> str:
+    # The capacity check keeps the code space at most 10 % full (the cap cannot go higher),
+    # so a free code is found in a draw or two; the attempt cap guards a broken random source.
+    if activation_capacity_reached(now=now):
+        raise ActivationCapacityError("too many outstanding activation codes")
     usable = activation_codes_outstanding(now=now)
     for _ in range(_CODE_ATTEMPTS):
         code = f"{secrets.randbelow(10**CODE_DIGITS):0{CODE_DIGITS}d}"
         if not usable.filter(code=code).exists():
             return code
-    raise RuntimeError("could not find a free activation code")  # 10^6 codes: never in practice
+    raise ActivationCapacityError("could not find a free activation code")
 
 
 @transaction.atomic
-def activation_code_issue(*, device: Device, now: datetime | None = None) -> ActivationCode:
-    """The device's usable code, or a new one; a code is unique among usable codes."""
+def activation_code_issue(
+    *, device: Device, client_id: str | None = None, now: datetime | None = None,
+) -> ActivationCode:
+    """The usable code of the device for `client_id` (default: its own), or a new one.
+
+    A code is unique among usable codes. Codes are per Client-Id so that binding with the
+    code the device shows binds the device to that device's Client-Id, not to whoever
+    checked in last with the same MAC. Raises ActivationCapacityError at the cap.
+    """
     now = now or timezone.now()
+    client = device.client_id if client_id is None else client_id
     # Lock the device row so two simultaneous check-ins do not issue two codes.
     Device.objects.select_for_update().filter(pk=device.pk).first()
-    current = activation_code_current(device=device, now=now)
+    current = activation_code_current(device=device, client_id=client, now=now)
     if current is not None:
         return current
     return ActivationCode.objects.create(
         device=device,
         code=_new_code(now),
         challenge=secrets.token_hex(16),
+        client_id=client,
         created_at=now,
         expires_at=now + timedelta(seconds=settings.XIAOZHI_ACTIVATION_CODE_TTL_SECONDS),
     )
@@ -169,20 +192,28 @@ def device_bind(*, code: str, owner: AbstractBaseUser, persona: Model | None = N
     device = activation.device
     # Any other code the device still holds is now meaningless.
     activation_codes_outstanding(now=now).filter(device=device).update(expires_at=now)
+    if activation.client_id:
+        # Trust on first use: the device is the one that showed this code.
+        device.client_id = activation.client_id
+        device.pairing_requests.filter(client_id=activation.client_id).delete()
     device.owner = owner
     device.persona = persona  # type: ignore[assignment]
     device.bound_at = now
-    device.save(update_fields=["owner", "persona", "bound_at", "updated_at"])
+    device.revoked_at = None
+    device.save(update_fields=["owner", "persona", "bound_at", "client_id", "revoked_at", "updated_at"])
     logger.info("device bound", extra={"mac": device.mac, "owner_id": owner.pk})
     return device
 
 
 @transaction.atomic
 def device_unbind(*, device: Device) -> Device:
-    """Forget the owner; the device gets a new activation code at its next OTA check."""
+    """Forget the owner (and the Client-Id pin: open re-pairing requests go too); the device
+    gets a new activation code at its next OTA check."""
+    device.pairing_requests.all().delete()
     device.owner = None
     device.bound_at = None
-    device.save(update_fields=["owner", "bound_at", "updated_at"])
+    device.revoked_at = None
+    device.save(update_fields=["owner", "bound_at", "revoked_at", "updated_at"])
     logger.info("device unbound", extra={"mac": device.mac})
     return device
 
@@ -198,16 +229,16 @@ def _hmac_matches(key_hex: str, challenge: str, proof: str) -> bool:
     return hmac.compare_digest(expected, proof.lower())
 
 
-def _proof_problem(*, device: Device, body: ActivationBody, activation_version: int) -> ActivationOutcome | None:
-    """For Activation-Version 2 with a known key, the device must prove it holds the key."""
-    if activation_version != 2:
-        return None
+def _key_proof(*, device: Device, body: ActivationBody) -> ActivationOutcome | bool:
+    """Where the device's key is known, the request must prove it holds the key, whatever
+    Activation-Version it claims (a v1 request cannot dodge the check). Returns the refusal,
+    True for a verified proof, False when no key is known (nothing to verify against)."""
     if body.serial_number and device.serial_number and body.serial_number != device.serial_number:
         # Otherwise a device could name a serial without a key and skip the check.
         return _refused(403, "serial_mismatch", "serial_number differs from the Serial-Number header.")
     key = device_key_for_serial(serial_number=device.serial_number or body.serial_number)
     if key is None:
-        return None  # no key imported for this serial: nothing to verify against
+        return False
     if body.algorithm and body.algorithm != "hmac-sha256":
         return _refused(400, "unsupported_algorithm", "Only hmac-sha256 is supported.")
     if not body.challenge or not body.hmac:
@@ -215,26 +246,44 @@ def _proof_problem(*, device: Device, body: ActivationBody, activation_version: 
     if not _hmac_matches(key.key_hex, body.challenge, body.hmac):
         logger.warning("activation hmac mismatch", extra={"mac": device.mac})
         return _refused(403, "bad_hmac", "The HMAC does not match this device's key.")
-    return None
+    return True
+
+
+def _challenge_owner(device: Device, client_id: str, challenge: str) -> ActivationCode | PairingRequest | None:
+    code = device.activation_codes.filter(challenge=challenge, client_id__in=(client_id, "")).first()
+    return code or device.pairing_requests.filter(challenge=challenge, client_id=client_id).first()
+
+
+def _pairing_poll(device: Device, client_id: str, proven: bool) -> ActivationOutcome:
+    request = pairing_request_pending(device=device, client_id=client_id)
+    if request is None:
+        return _refused(403, "pairing_required",
+                        "This device is bound to another client: check for updates to ask for re-pairing.")
+    if proven and not request.key_verified:
+        request.key_verified = True
+        request.save(update_fields=["key_verified"])
+    return ActivationOutcome(202, {"status": "pending", "message": "Waiting for an operator to approve re-pairing."})
 
 
 @transaction.atomic
 def device_activate(
-    *, device: Device, body: ActivationBody, activation_version: int, now: datetime | None = None
+    *, device: Device, client_id: str, body: ActivationBody, now: datetime | None = None,
 ) -> ActivationOutcome:
-    """Answer one /activate poll: 200 once bound, 202 while waiting, 4xx when refused."""
+    """Answer one /activate poll: 200 once bound (to this Client-Id), 202 while waiting for
+    an operator (binding, or approving a re-pairing request), 4xx when refused."""
     now = now or timezone.now()
-    code = None
-    if body.challenge:
-        code = device.activation_codes.filter(challenge=body.challenge).first()
-        if code is None:
-            return _refused(403, "unknown_challenge", "This challenge was not issued to this device.")
-        if code.activated_at is not None:
-            return _refused(409, "challenge_replayed", "This challenge has already completed activation.")
-    problem = _proof_problem(device=device, body=body, activation_version=activation_version)
-    if problem is not None:
-        return problem
-    if device.is_bound:
+    owner = _challenge_owner(device, client_id, body.challenge) if body.challenge else None
+    if body.challenge and owner is None:
+        return _refused(403, "unknown_challenge", "This challenge was not issued to this device.")
+    code = owner if isinstance(owner, ActivationCode) else None
+    if code is not None and code.activated_at is not None:
+        return _refused(409, "challenge_replayed", "This challenge has already completed activation.")
+    proof = _key_proof(device=device, body=body)
+    if isinstance(proof, ActivationOutcome):
+        return proof
+    if not device_client_trusted(device=device, client_id=client_id):
+        return _pairing_poll(device, client_id, proof)
+    if not device.needs_activation:
         if code is not None and not ActivationCode.objects.filter(
             pk=code.pk, activated_at__isnull=True
         ).update(activated_at=now):
@@ -259,10 +308,13 @@ def device_token_issue(*, device: Device, now: float | None = None) -> str:
 
 
 @transaction.atomic
-def device_revoke_tokens(*, device: Device) -> int:
-    """Invalidate every token issued so far; the device gets a new one at its next boot."""
-    Device.objects.filter(pk=device.pk).update(token_generation=F("token_generation") + 1)
-    device.refresh_from_db(fields=["token_generation"])
+def device_revoke_tokens(*, device: Device, now: datetime | None = None) -> int:
+    """Invalidate every token issued so far, and make the device activate again: its next
+    OTA check gets an activation code and no token until an operator binds that code."""
+    Device.objects.filter(pk=device.pk).update(
+        token_generation=F("token_generation") + 1, revoked_at=now or timezone.now(),
+    )
+    device.refresh_from_db(fields=["token_generation", "revoked_at"])
     logger.info("device tokens revoked", extra={"mac": device.mac, "generation": device.token_generation})
     return device.token_generation
 
@@ -330,65 +382,3 @@ def firmware_release_save(*, release: FirmwareRelease, binary_changed: bool) -> 
         release.size, release.sha256 = size, digest.hexdigest()
     release.save()
     return release
-
-
-# --- OTA response ----------------------------------------------------------------------------
-
-
-def _timezone_offset_minutes(device: Device, now: datetime) -> int:
-    if device.timezone:
-        try:
-            offset = now.astimezone(ZoneInfo(device.timezone)).utcoffset()
-        except (ZoneInfoNotFoundError, ValueError):
-            offset = None
-        if offset is not None:
-            return int(offset.total_seconds() // 60)
-    return settings.XIAOZHI_TIMEZONE_OFFSET_MINUTES
-
-
-def firmware_download_path(release: FirmwareRelease) -> str:
-    filename = release.binary.name.rsplit("/", 1)[-1]
-    return reverse("devices:firmware-download", kwargs={"pk": release.pk, "filename": filename})
-
-
-def _firmware_section(device: Device, base_url: str) -> dict[str, object]:
-    release = firmware_release_for(device=device)
-    if release is None:
-        # Echoing the running version means "no update" to the firmware.
-        return {"version": device.firmware_version, "url": "", "force": 0}
-    return {
-        "version": release.version,
-        "url": base_url + firmware_download_path(release),
-        "force": 1 if release.force else 0,
-    }
-
-
-def _activation_section(device: Device, base_url: str, now: datetime) -> dict[str, object]:
-    code = activation_code_issue(device=device, now=now)
-    return {
-        "code": code.code,
-        "message": f"Code {code.code}\n{base_url}/admin/",
-        "challenge": code.challenge,
-        "timeout_ms": max(0, int((code.expires_at - now).total_seconds() * 1000)),
-    }
-
-
-def ota_response_for(*, device: Device, base_url: str, ws_url: str, now: datetime | None = None) -> dict[str, object]:
-    """The OTA reply. `websocket` is always complete: without it the device picks MQTT, and
-    keys left out keep stale values in its NVS."""
-    now = now or timezone.now()
-    response: dict[str, object] = {
-        "server_time": {
-            "timestamp": int(now.timestamp() * 1000),
-            "timezone_offset": _timezone_offset_minutes(device, now),
-        },
-        "firmware": _firmware_section(device, base_url),
-        "websocket": {
-            "url": ws_url,
-            "token": device_token_issue(device=device, now=now.timestamp()),
-            "version": settings.XIAOZHI_WS_PROTOCOL_VERSION,
-        },
-    }
-    if not device.is_bound:
-        response["activation"] = _activation_section(device, base_url, now)
-    return response

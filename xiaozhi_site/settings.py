@@ -115,7 +115,9 @@ REDIS_URL = envstr("REDIS_URL", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels_redis with retries, so a Redis restart pauses commands instead of
+            # failing them or ending device sessions (devices/layers.py).
+            "BACKEND": "devices.layers.ResilientRedisChannelLayer",
             # redis-py's default 5 s socket timeout equals channels-redis's 5 s blocking pop, so
             # an idle consumer's receive would time out and kill the socket: give it room.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "capacity": 200, "expiry": 30},
@@ -244,6 +246,13 @@ XIAOZHI_ACTIVATION_RATE_GLOBAL = envint("XIAOZHI_ACTIVATION_RATE_GLOBAL", 100, m
 XIAOZHI_ACTIVATION_RATE_WINDOW_SECONDS = envint(
     "XIAOZHI_ACTIVATION_RATE_WINDOW_SECONDS", 60, minimum=1
 )
+# OTA checks per client address and window; MACs never seen before per address and window
+# (each costs a device row and a 24 h code); activation codes outstanding at once.
+XIAOZHI_OTA_RATE_PER_IP = envint("XIAOZHI_OTA_RATE_PER_IP", 120, minimum=1)
+XIAOZHI_OTA_RATE_WINDOW_SECONDS = envint("XIAOZHI_OTA_RATE_WINDOW_SECONDS", 60, minimum=1)
+XIAOZHI_NEW_DEVICE_RATE_PER_IP = envint("XIAOZHI_NEW_DEVICE_RATE_PER_IP", 30, minimum=1)
+XIAOZHI_NEW_DEVICE_RATE_WINDOW_SECONDS = envint("XIAOZHI_NEW_DEVICE_RATE_WINDOW_SECONDS", 3600, minimum=1)
+XIAOZHI_MAX_OUTSTANDING_CODES = envint("XIAOZHI_MAX_OUTSTANDING_CODES", 10000, minimum=1, maximum=100000)
 # What a device that is not bound to an owner may do on the WebSocket:
 #   speak_code - connect and hear its activation code spoken (default)
 #   refuse     - refuse the connection
@@ -263,6 +272,9 @@ XIAOZHI_HELLO_TIMEOUT_SECONDS = envfloat("XIAOZHI_HELLO_TIMEOUT_SECONDS", 10.0, 
 XIAOZHI_MAX_TEXT_BYTES = envint("XIAOZHI_MAX_TEXT_BYTES", 64 * 1024, minimum=256)
 XIAOZHI_MAX_BINARY_BYTES = envint("XIAOZHI_MAX_BINARY_BYTES", 4096, minimum=64)
 XIAOZHI_MAX_DEVICE_CONNECTIONS = envint("XIAOZHI_MAX_DEVICE_CONNECTIONS", 2000, minimum=1)
+# Of those, at most this many for devices that are not bound (yet): the rest stay reserved
+# for bound devices, so never-bound MACs cannot take every slot.
+XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS = envint("XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS", 200, minimum=0)
 XIAOZHI_MAX_MESSAGES_PER_SECOND = envint("XIAOZHI_MAX_MESSAGES_PER_SECOND", 100, minimum=1)
 XIAOZHI_IDLE_TIMEOUT_SECONDS = envfloat("XIAOZHI_IDLE_TIMEOUT_SECONDS", 120.0, minimum=1)
 XIAOZHI_HARD_TIMEOUT_SECONDS = envfloat("XIAOZHI_HARD_TIMEOUT_SECONDS", 180.0, minimum=1)

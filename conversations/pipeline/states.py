@@ -1,4 +1,4 @@
-"""The device session's state machine and the close codes it uses.
+"""The device session's state machine (close codes: devices/protocol/close_codes.py).
 
 States mirror what the firmware believes (protocol-reference §2.4) plus two server-only
 ones (CONNECTING before hello, THINKING while ASR/LLM run). Transitions are checked against
@@ -8,6 +8,9 @@ happens, instead of as a device that silently drops audio later.
 from __future__ import annotations
 
 import enum
+
+# Close codes live in devices/protocol/ (one home for the wire); re-exported here.
+from devices.protocol.close_codes import CloseCode  # noqa: F401
 
 
 class SessionState(enum.Enum):
@@ -59,45 +62,6 @@ def check_transition(current: SessionState, target: SessionState) -> bool:
     if target not in TRANSITIONS[current]:
         raise IllegalTransition(current, target)
     return True
-
-
-class CloseCode(enum.IntEnum):
-    """Every WebSocket close code the device endpoint sends, in one place.
-
-    The firmware ignores codes (it just sees the socket die), so they are for logs, browser
-    test pages and tests. 4xxx codes are application codes: 4000 + the HTTP status that
-    says the same thing where one exists.
-
-    | code | name              | when                                                        |
-    |------|-------------------|-------------------------------------------------------------|
-    | 1000 | NORMAL            | device `goodbye`, exit phrase / end_conversation tool        |
-    | 1011 | INTERNAL_ERROR    | a server bug while handling a frame (logged with traceback) |
-    | 1013 | TRY_AGAIN_LATER   | over XIAOZHI_MAX_DEVICE_CONNECTIONS in this process         |
-    | 4000 | HELLO_TIMEOUT     | no device hello within hello_timeout (10 s)                 |
-    | 4001 | AUTH_FAILED       | missing/invalid token, unknown device, MAC not allowed      |
-    | 4003 | NOT_ACTIVATED     | device not bound and XIAOZHI_UNBOUND_POLICY=refuse          |
-    | 4400 | PROTOCOL_ERROR    | binary before hello; MAX_PROTOCOL_ERRORS bad frames         |
-    | 4408 | TIMEOUT           | no voice for idle_timeout (after the farewell), or nothing  |
-    |      |                   | at all for hard_timeout (reason says which)                 |
-    | 4413 | MESSAGE_TOO_LARGE | text over max_text_bytes or binary over max_binary_bytes    |
-    | 4429 | FLOOD             | more frames than the max_messages_per_second token bucket   |
-
-    4001/4003 are chosen by `devices.auth.device_authenticate` and passed through by the
-    consumer; they are listed here so the table is complete. Every close is logged with its
-    reason. The reason also goes into the close frame, but daphne 4.2 forwards only the code
-    (`WebSocketProtocol.serverClose`), so behind daphne clients see the code alone.
-    """
-
-    NORMAL = 1000
-    INTERNAL_ERROR = 1011
-    TRY_AGAIN_LATER = 1013
-    HELLO_TIMEOUT = 4000
-    AUTH_FAILED = 4001
-    NOT_ACTIVATED = 4003
-    PROTOCOL_ERROR = 4400
-    TIMEOUT = 4408
-    MESSAGE_TOO_LARGE = 4413
-    FLOOD = 4429
 
 
 # Malformed JSON, unknown types and wrong field types are logged and counted, not answered:

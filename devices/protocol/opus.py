@@ -120,10 +120,6 @@ class OpusEncoder:
             raise ValueError(f"invalid Opus encoder setting: {_reason(exc)}") from exc
 
     @property
-    def frame_samples(self) -> int:
-        return self._frame_samples
-
-    @property
     def frame_bytes(self) -> int:
         """Size in bytes of one s16le mono frame, the unit `encode` takes."""
         return self._frame_samples * SAMPLE_WIDTH

@@ -125,7 +125,7 @@ def test_an_unbound_device_gets_an_activation_code(client: Client) -> None:
 
 
 def test_a_bound_device_gets_no_activation(client: Client) -> None:
-    BoundDeviceFactory(mac=MAC)
+    BoundDeviceFactory(mac=MAC, client_id=CLIENT)
     assert "activation" not in post_ota(client).json()
 
 
@@ -250,7 +250,7 @@ def test_a_huge_body_is_refused(client: Client) -> None:
 
 
 def test_client_address_trusts_only_the_configured_number_of_proxies(rf, settings) -> None:  # noqa: ANN001
-    from devices.views import client_address
+    from devices.addresses import client_address
 
     request = rf.post("/xiaozhi/ota/", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="6.6.6.6, 203.0.113.7")
     settings.XIAOZHI_TRUSTED_PROXY_COUNT = 0
