@@ -17,8 +17,8 @@ from django.db import connection
 from devices.commands import DeviceToolError, adevice_mcp_call, adevice_send_command
 from devices.models import Device
 from devices.services import device_token_issue
-from devices.simulator import DeviceMcpServer
-from devices.simulator.device import SimulatedDevice
+from simulator import DeviceMcpServer
+from simulator.device import SimulatedDevice
 from devices.tests.factories import BoundDeviceFactory, PersonaFactory
 from testing.server import BASE_DIR, AsgiServer, database_url
 

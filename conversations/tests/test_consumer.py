@@ -35,7 +35,7 @@ from devices.commands import DeviceOffline, DeviceToolError, adevice_mcp_call, a
 from devices.models import Device
 from devices.protocol.messages import EMOTIONS
 from devices.services import device_token_issue
-from devices.simulator.mcp_server import DeviceMcpServer
+from simulator.mcp_server import DeviceMcpServer
 from devices.tests.factories import BoundDeviceFactory, DeviceFactory
 from devices.vision import vision_token_issue
 

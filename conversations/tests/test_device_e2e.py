@@ -20,8 +20,8 @@ from conversations.models import Conversation
 from conversations.tests.e2e import session_recorded_closed
 from devices.models import Device
 from devices.services import device_token_issue
-from devices.simulator import DeviceMcpServer
-from devices.simulator.device import DeviceError, SimulatedDevice
+from simulator import DeviceMcpServer
+from simulator.device import DeviceError, SimulatedDevice
 from devices.tests.factories import BoundDeviceFactory
 from testing.fake_openai import FakeOpenAI, Reply
 from testing.server import AsgiServer, database_url

@@ -24,7 +24,7 @@ from conversations.pipeline.session import (
 from conversations.pipeline.states import MAX_PROTOCOL_ERRORS, check_transition
 from devices.protocol.binary import encode_audio
 from devices.protocol.messages import TtsStart, TtsStop
-from devices.simulator.mcp_server import DeviceMcpServer, ImageResult
+from simulator.mcp_server import DeviceMcpServer, ImageResult
 
 S = SessionState
 MAC = "aa:bb:cc:dd:ee:01"
