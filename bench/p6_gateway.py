@@ -37,7 +37,7 @@ sys.path.insert(0, str(BASE_DIR))
 import openai  # noqa: E402
 from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
 
-from conversations.gateway.config import SERVER_TOOLS, SYSTEM_PROMPT  # noqa: E402
+from conversations.gateway.session_config import SERVER_TOOLS, SYSTEM_PROMPT  # noqa: E402
 from testing.fake_openai import FakeOpenAI, Reply  # noqa: E402
 from tools.builtin import BuiltinToolSource, SessionToolState  # noqa: E402
 from tools.registry import Toolset  # noqa: E402

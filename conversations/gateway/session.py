@@ -18,22 +18,15 @@ import datetime as dt
 import logging
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
 from conversations.gateway import protocol
 from conversations.gateway.client_tools import ClientToolSource
-from conversations.gateway.config import (
+from conversations.gateway.protocol import (
     CLOSE_IDLE,
     CLOSE_TAKEN_OVER,
     CLOSE_TOO_BIG,
-    SERVER_TOOLS,
-    GatewayConfig,
-    GatewayHooks,
-    Transport,
-    TurnRecord,
-)
-from conversations.gateway.protocol import (
     Configure,
     EndSession,
     ErrorCode,
@@ -44,23 +37,38 @@ from conversations.gateway.protocol import (
     TextInput,
     ToolResult,
 )
+from conversations.gateway.session_config import SERVER_TOOLS, GatewayConfig
 from conversations.gateway.store import ChatOptions, SessionRecord, SessionStore
-from conversations.gateway.turn import TurnOutcome, TurnRunner, TurnSettings, tool_summary
+from conversations.gateway.turn import TurnRunner, TurnSettings, tool_summary
 from conversations.pipeline.aio import TaskSet, cancel_and_wait
+from conversations.pipeline.fallback import ProviderChain
 from conversations.pipeline.text import clean_for_speech
-from conversations.providers.base import LLM
+from conversations.turns.record import TurnRecord
+from conversations.turns.tool_loop import Thought
+from conversations.turns.transport import Transport
 from tools.builtin import SUPPORTED_LANGUAGES, BuiltinToolSource, SessionToolState
 from tools.registry import Toolset
 
 log = logging.getLogger(__name__)
 
 
+class GatewayHooks(Protocol):
+    """Persistence. Called on the reply path, so they must return at once (enqueue); the
+    consumer's hooks hand everything to the process's HistoryWriter (conversations/turns/)."""
+
+    def turn_finished(self, turn: TurnRecord) -> None: ...
+
+    def session_ended(self, session_id: str) -> None: ...
+
+
 class GatewaySession:
     """One connection. `start()` after accept, `feed()`/`feed_bytes()` per frame, `aclose()`
-    on disconnect. Talks to the world only through its transport, store, LLM and hooks."""
+    on disconnect. Talks to the world only through its transport, store, LLM chain (the
+    fallback chain of pipeline/fallback.py, as the device's) and hooks."""
 
     def __init__(
-        self, transport: Transport, config: GatewayConfig, store: SessionStore, llm: LLM, hooks: GatewayHooks
+        self, transport: Transport, config: GatewayConfig, store: SessionStore, llm: ProviderChain,
+        hooks: GatewayHooks,
     ) -> None:
         self._transport = transport
         self._config = config
@@ -146,11 +154,11 @@ class GatewaySession:
         log.warning("gateway message too large", extra={"bytes": size, "limit": limit})
         details = f"{size} bytes; the limit is {limit} bytes"
         await self.send(protocol.error(ErrorCode.INVALID_MESSAGE, "Message too large", details))
-        await self._close(CLOSE_TOO_BIG)
+        await self._close(CLOSE_TOO_BIG, "message too big")
 
-    async def _close(self, code: int) -> None:
+    async def _close(self, code: int, reason: str) -> None:
         self._closing = True
-        await self._transport.close(code)
+        await self._transport.close(code, reason)
 
     async def _dispatch(self, message: Any) -> None:
         if isinstance(message, Ping):
@@ -279,7 +287,7 @@ class GatewaySession:
     async def _close_taken_over(self) -> None:
         details = "another connection resumed this session"
         await self.send(protocol.error(ErrorCode.SESSION_ERROR, "Session taken over", details))
-        await self._close(CLOSE_TAKEN_OVER)
+        await self._close(CLOSE_TAKEN_OVER, "session taken over")
 
     # -- turns ------------------------------------------------------------------------------------
 
@@ -306,20 +314,20 @@ class GatewaySession:
             llm=self._llm, toolset=self._toolset, send=self.send, settings=self._turn_settings(), options=record.options
         )
         try:
-            outcome = await runner.run(self._messages(record, text))
+            thought = await runner.run(self._messages(record, text))
         except GatewayError as exc:
             await self.send(protocol.error_from(exc))
-            self._finished(record, text, runner.outcome, started, error=f"{exc.code}: {exc.details}")
+            self._finished(record, text, runner.thought, started, error=f"{exc.code}: {exc.details}")
             return
         except asyncio.CancelledError:
-            self._finished(record, text, runner.outcome, started, error="interrupted", interrupted=True)
+            self._finished(record, text, runner.thought, started, error="interrupted", interrupted=True)
             raise
-        content = clean_for_speech(outcome.text)
-        summaries = [tool_summary(r) for r in outcome.tool_calls]
+        content = clean_for_speech(thought.answer_text)
+        summaries = [tool_summary(r) for r in thought.tool_calls]
         await self.send(protocol.llm_response(content, summaries))
         if content and record.owner is self._owner:
             record.add_exchange(text, content, self._config.history_messages)
-        self._finished(record, text, outcome, started, reply=content)
+        self._finished(record, text, thought, started, reply=content)
 
     def _turn_settings(self) -> TurnSettings:
         config = self._config
@@ -344,7 +352,7 @@ class GatewaySession:
         self,
         record: SessionRecord,
         text: str,
-        outcome: TurnOutcome,
+        thought: Thought,
         started: float,
         *,
         reply: str = "",
@@ -353,13 +361,16 @@ class GatewaySession:
     ) -> None:
         self._store.touch(record)
         record.turns += 1
-        timings = {"llm_ms": round(outcome.llm_ms, 3), "total_ms": round((time.perf_counter() - started) * 1000, 3)}
+        timings = {
+            "llm_ms": round(thought.llm_seconds * 1000, 3), "total_ms": round((time.perf_counter() - started) * 1000, 3),
+        }
         turn = TurnRecord(
             session_id=record.session_id,
             index=record.turns - 1,
             user_text=text,
             reply_text=reply,
-            tool_calls=[asdict(r) for r in outcome.tool_calls],
+            tool_calls=thought.tool_call_dicts(),
+            providers={"llm": ",".join(thought.providers) or ",".join(self._llm.kinds[:1]), "model": self._config.model},
             timings=timings,
             error=error,
             interrupted=interrupted,
@@ -376,7 +387,7 @@ class GatewaySession:
             await asyncio.sleep(interval)
             if not self._busy and time.monotonic() - self._last_seen > timeout:
                 log.info("gateway connection idle, closing", extra={"idle_timeout": timeout})
-                await self._close(CLOSE_IDLE)
+                await self._close(CLOSE_IDLE, "idle")
                 return
 
 
