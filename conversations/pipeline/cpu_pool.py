@@ -58,11 +58,8 @@ class BatchRunner(Protocol, Generic[J]):
     def run_batch(self, jobs: list[J]) -> list[Outcome]: ...
 
 
-class _Pending:
-    __slots__ = ("future", "job", "runner")
-
-    def __init__(self, runner: Hashable | None, job: Any, future: asyncio.Future[Any]) -> None:
-        self.runner, self.job, self.future = runner, job, future
+# (runner or None for a plain job, the job, its future)
+_Pending = tuple[Hashable | None, Any, "asyncio.Future[Any]"]
 
 
 class CpuMill:
@@ -93,29 +90,33 @@ class CpuMill:
 
     def run(self, job: Callable[[], T]) -> asyncio.Future[T]:
         """A job of its own: `job()` in the pool."""
-        return self._submit(None, job)
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending.append((None, job, future))
+        self._start_groups()
+        return future
 
     def run_batched(self, runner: BatchRunner[Any], job: Any) -> asyncio.Future[Any]:
-        """A job that joins the other pending jobs of `runner`: `runner.run_batch([..., job, ...])`."""
-        return self._submit(runner, job)
-
-    def _submit(self, runner: Hashable | None, job: Any) -> asyncio.Future[Any]:
+        """A job that joins the other pending jobs of `runner` (and of runners equal to it):
+        `runner.run_batch([..., job, ...])` in the pool."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(runner, job, future))
+        self._pending.append((runner, job, future))
         self._start_groups()
         return future
 
     def _start_groups(self) -> None:
         while self._pending and self._inflight < self._max_inflight:
-            group = [p for p in self._pending if not p.future.done()]
+            group: list[_Pending] = []
+            for pending in self._pending:
+                if not pending[2].done():  # its session stopped waiting (closed)
+                    group.append(pending)
             self._pending = []
             if not group:
                 return
             try:
                 done = asyncio.get_running_loop().run_in_executor(self._executor, _run_group, group)
             except RuntimeError as exc:  # the pool was shut down (process exit, tests)
-                for pending in group:
-                    pending.future.set_exception(exc)
+                for _runner, _job, future in group:
+                    future.set_exception(exc)
                 return
             self._inflight += 1
             done.add_done_callback(partial(self._finished, group=group))
@@ -124,13 +125,13 @@ class CpuMill:
         self._inflight -= 1
         failed = done.cancelled() or done.exception() is not None
         outcomes = [(None, RuntimeError("CPU job group failed"))] * len(group) if failed else done.result()
-        for pending, (value, error) in zip(group, outcomes, strict=True):
-            if pending.future.done():
+        for (_runner, _job, future), (value, error) in zip(group, outcomes, strict=True):
+            if future.done():
                 continue  # its session stopped waiting (closed)
             if error is not None:
-                pending.future.set_exception(error)
+                future.set_exception(error)
             else:
-                pending.future.set_result(value)
+                future.set_result(value)
         self._start_groups()
 
 
@@ -138,14 +139,14 @@ def _run_group(group: list[_Pending]) -> list[Outcome]:
     """Run a group in a pool thread: plain jobs one by one, batched jobs one call per runner."""
     outcomes: list[Outcome] = [(None, None)] * len(group)
     batches: dict[Hashable, list[int]] = {}
-    for index, pending in enumerate(group):
-        if pending.runner is None:
-            outcomes[index] = _run_one(pending.job)
+    for index, (runner, job, _future) in enumerate(group):
+        if runner is None:
+            outcomes[index] = _run_one(job)
         else:
-            batches.setdefault(pending.runner, []).append(index)
+            batches.setdefault(runner, []).append(index)
     for runner, indexes in batches.items():
         try:
-            results = runner.run_batch([group[i].job for i in indexes])  # type: ignore[attr-defined]
+            results = runner.run_batch([group[i][1] for i in indexes])  # type: ignore[attr-defined]
         except Exception as exc:  # a bug in the runner: every job of the batch fails with it
             results = [(None, exc)] * len(indexes)
         for index, outcome in zip(indexes, results, strict=True):

@@ -82,7 +82,9 @@ class Ear:
 
     def endpoint(self, probabilities: list[float]) -> list[Mark]:
         """Endpointing over the batch's window probabilities."""
-        marks = [self._mark(event) for event in self._detector.feed(probabilities)]
+        marks: list[Mark] = []
+        for event in self._detector.feed(probabilities):
+            marks.append(self._mark(event))
         marks += self._pause_marks(probabilities)
         return marks + self._trim()
 
@@ -191,8 +193,11 @@ class HearingBatch:
             outcomes[i] = (([], invalid), None)
             if job.endpointing:
                 heard[i] = pcm
+        work: list[tuple[Any, bytes]] = []
+        for i, pcm in heard.items():
+            work.append((jobs[i].ear.vad, pcm))
         try:
-            probs = self.vad.probabilities([(jobs[i].ear.vad, pcm) for i, pcm in heard.items()])
+            probs = self.vad.probabilities(work)
         except Exception as exc:
             return [(None, exc) if i in heard else outcome for i, outcome in enumerate(outcomes)]
         for i, p in zip(heard, probs, strict=True):
@@ -277,9 +282,9 @@ class VADDetector:
         return events
 
     def _step(self, prob: float) -> VADEvent | None:
-        window_start = self.position_ms
+        window_start = self._windows * self.window_ms  # position_ms, without a call per window
         self._windows += 1
-        now = self.position_ms
+        now = self._windows * self.window_ms
         if prob >= self.threshold:
             self._voiced = True
         elif prob <= self.threshold_low:

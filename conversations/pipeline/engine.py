@@ -85,7 +85,8 @@ class VoiceEngine:
             mill=CpuMill.for_executor(hear_pool or shared_executor()),
             vad=registry.shared("vad", config.vad, **config.providers.get(f"vad.{config.vad}", {})),
             settings=VADSettings(persona.vad_threshold, persona.vad_threshold_low, float(persona.vad_min_silence_ms)),
-            on_event=self._on_hearing, clock=self._clock.now,
+            # An injected clock reaches the hearing too; the loop's own is read directly.
+            on_event=self._on_hearing, clock=None if isinstance(self._clock, LoopClock) else self._clock.now,
         )
         self.on_audio = self._hearing.push  # the uplink's hot path: no hop through the engine
         self._chains = Chains(config)

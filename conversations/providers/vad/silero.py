@@ -96,14 +96,27 @@ class SileroVAD:
         return SileroStream(self)
 
     def probabilities(self, work: list[tuple[SileroStream, bytes]]) -> list[list[float]]:
-        """Probabilities per stream for its new audio, in order; advances every stream."""
-        streams = [stream for stream, _ in work]
-        windows = [stream.windows(pcm) for stream, pcm in work]
-        probs: list[list[float]] = [[] for _ in work]
-        for k in range(max((len(w) for w in windows), default=0)):
-            live = [i for i, w in enumerate(windows) if len(w) > k and not self._gated(streams[i], w[k], probs[i])]
+        """Probabilities per stream for its new audio, in order; advances every stream.
+
+        Step k runs the k-th new window of every stream that has one, in one model run.
+        (Plain loops: this runs for every packet of every session.)"""
+        streams: list[SileroStream] = []
+        windows: list[np.ndarray] = []
+        probs: list[list[float]] = []
+        steps = 0
+        for stream, pcm in work:
+            found = stream.windows(pcm)
+            streams.append(stream)
+            windows.append(found)
+            probs.append([])
+            steps = max(steps, len(found))
+        for k in range(steps):
+            live: list[int] = []
+            for i, found in enumerate(windows):
+                if len(found) > k and not self._gated(streams[i], found[k], probs[i]):
+                    live.append(i)
             if live:
-                self._step([streams[i] for i in live], [windows[i][k] for i in live], [probs[i] for i in live])
+                self._step(live, k, streams, windows, probs)
         return probs
 
     def _gated(self, stream: SileroStream, window: np.ndarray, out: list[float]) -> bool:
@@ -113,15 +126,22 @@ class SileroVAD:
         out.append(0.0)
         return True
 
-    def _step(self, streams: list[SileroStream], chunks: list[np.ndarray], outs: list[list[float]]) -> None:
-        inputs = np.stack([np.concatenate([s.context, c]) for s, c in zip(streams, chunks, strict=True)])
-        states = np.concatenate([s.state for s in streams], axis=1)
+    def _step(
+        self, live: list[int], k: int, streams: list[SileroStream], windows: list[np.ndarray], probs: list[list[float]]
+    ) -> None:
+        inputs = np.empty((len(live), CONTEXT_SAMPLES + WINDOW_SAMPLES), dtype=np.float32)
+        states = np.empty((_STATE_SHAPE[0], len(live), _STATE_SHAPE[2]), dtype=np.float32)
+        for row, i in enumerate(live):
+            inputs[row, :CONTEXT_SAMPLES] = streams[i].context
+            inputs[row, CONTEXT_SAMPLES:] = windows[i][k]
+            states[:, row, :] = streams[i].state[:, 0, :]
         prob, new_states = self._session().run(None, {"input": inputs, "state": states, "sr": self._sr})
-        for i, stream in enumerate(streams):
-            stream.state = new_states[:, i : i + 1, :]
-            stream.context = inputs[i, -CONTEXT_SAMPLES:]
-            stream.last = float(prob[i, 0])
-            outs[i].append(stream.last)
+        for row, i in enumerate(live):
+            stream = streams[i]
+            stream.state = new_states[:, row : row + 1, :]
+            stream.context = inputs[row, -CONTEXT_SAMPLES:]
+            stream.last = float(prob[row, 0])
+            probs[i].append(stream.last)
 
     def _session(self) -> Any:
         session = getattr(self._local, "session", None)
