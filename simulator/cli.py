@@ -23,8 +23,8 @@ from typing import Any
 
 from simulator.device import SimulatedDevice
 from simulator.events import DeviceError, DeviceTimeout, Event
-from simulator.speaker import DownlinkFrame
 from simulator.mcp_server import DeviceMcpServer
+from simulator.speaker import DownlinkFrame
 
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT, EXIT_ACTIVATION, EXIT_INPUT = 0, 1, 2, 3, 4
 MAX_LINE = 240  # long lines (MCP tool lists) are cut unless --verbose

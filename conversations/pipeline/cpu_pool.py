@@ -23,7 +23,6 @@ from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 J = TypeVar("J", contravariant=True)
-R = TypeVar("R")
 Outcome = tuple[Any, BaseException | None]  # (value, error) of one job
 _pools: dict[str, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()

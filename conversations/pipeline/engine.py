@@ -225,6 +225,8 @@ class VoiceEngine:
             log.exception("reply failed", extra={"kind": reply.kind})
         finally:
             # However the reply ended, the session hears of it: it sends the `tts stop`.
+            if reply.interrupted:
+                log.info("reply interrupted", extra={"kind": reply.kind, "reason": reply.interrupt_reason})
             await replies.reply_ended(reply.interrupted)
             if reply.close_after and not reply.interrupted:
                 self._ctx.request_close(reply.close_after)

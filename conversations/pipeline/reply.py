@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from concurrent.futures import Executor
 from typing import Any
 
@@ -56,7 +55,6 @@ class ReplyHandle:
     def __init__(self, index: int, kind: str = "turn") -> None:
         self.index = index
         self.kind = kind  # "turn" | "say" | "greeting"
-        self.created_at = time.monotonic()
         self.allow_interruptions = True
         self.interrupt_reason = ""
         self.close_after = ""  # set by the reply: close the session (this reason) once it ended

@@ -235,7 +235,6 @@ class VoiceSession:
         else:
             await self._gate.protocol_error("server message type sent by the device", "unknown_type")
 
-
     # -- device messages -----------------------------------------------------------------
 
     async def _on_hello(self, hello: Hello) -> None:

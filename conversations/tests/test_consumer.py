@@ -24,6 +24,7 @@ from conversations.consumers import DeviceConsumer
 from conversations.models import Conversation
 from conversations.pipeline.states import MAX_PROTOCOL_ERRORS
 from conversations.routing import websocket_urlpatterns
+from conversations.tests.fakes import MCP_HELLO, PLAIN_HELLO
 from devices.admin_actions import (
     alert_devices,
     call_device_tool,
@@ -35,17 +36,13 @@ from devices.commands import DeviceOffline, DeviceToolError, adevice_mcp_call, a
 from devices.models import Device
 from devices.protocol.messages import EMOTIONS
 from devices.services import device_token_issue
-from simulator.mcp_server import DeviceMcpServer
 from devices.tests.factories import BoundDeviceFactory, DeviceFactory
 from devices.vision import vision_token_issue
+from simulator.mcp_server import DeviceMcpServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 APP = URLRouter(websocket_urlpatterns)
-HELLO = ('{"type":"hello","version":1,"features":%s,"transport":"websocket",'
-         '"audio_params":{"format":"opus","sample_rate":16000,"channels":1,"frame_duration":60}}')
-PLAIN_HELLO = HELLO % "{}"
-MCP_HELLO = HELLO % '{"mcp":true}'
 
 
 def headers_for(device: Device, token: str | None = None, **override: str | None) -> list[tuple[bytes, bytes]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -311,6 +312,22 @@ async def test_listen_detect_reaches_the_engine(make_session: Factory) -> None:
     session, _, _ = await connected(make_session)
     await session.feed_text(device_json(session, '"type":"listen","state":"detect","text":"你好小智"'))
     assert ("listen_detect", "你好小智") in engine(session).events
+
+
+async def test_a_socket_that_fails_to_send_is_logged_once_per_session(
+        make_session: Factory, caplog: pytest.LogCaptureFixture) -> None:
+    session, transport, _ = await connected(make_session)
+
+    async def broken(_text: str) -> None:
+        raise ConnectionResetError("gone")
+
+    transport.send_text = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.DEBUG, logger="conversations.pipeline.session"):
+        for _ in range(3):
+            await session.handle_command({"command": "reboot"})
+    failures = [r for r in caplog.records if r.getMessage() == "send to device failed"]
+    assert [r.levelno for r in failures] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert failures[0].error == "ConnectionResetError" and not failures[0].exc_info  # type: ignore[attr-defined]
 
 
 async def test_goodbye_closes_normally(make_session: Factory) -> None:
