@@ -13,14 +13,21 @@ return bool/int/str/dict/list/ImageResult, or raise to make the device answer wi
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from simulator import firmware_tools
 from simulator.mcp_tools import (
-    NO_DEFAULT, ImageResult, Property, Tool, ToolFailure, ToolHandler, ToolResult, compact_json, valueint,
+    NO_DEFAULT,
+    ImageResult,
+    Property,
+    Tool,
+    ToolFailure,
+    ToolHandler,
+    ToolResult,
+    compact_json,
+    valueint,
 )
 
 __all__ = [

@@ -154,11 +154,11 @@ class GatewaySession:
         log.warning("gateway message too large", extra={"bytes": size, "limit": limit})
         details = f"{size} bytes; the limit is {limit} bytes"
         await self.send(protocol.error(ErrorCode.INVALID_MESSAGE, "Message too large", details))
-        await self._close(CLOSE_TOO_BIG, "message too big")
+        await self._close(CLOSE_TOO_BIG)
 
-    async def _close(self, code: int, reason: str) -> None:
+    async def _close(self, code: int) -> None:
         self._closing = True
-        await self._transport.close(code, reason)
+        await self._transport.close(code, "")  # the seed's clients see the code alone, as ever
 
     async def _dispatch(self, message: Any) -> None:
         if isinstance(message, Ping):
@@ -287,7 +287,7 @@ class GatewaySession:
     async def _close_taken_over(self) -> None:
         details = "another connection resumed this session"
         await self.send(protocol.error(ErrorCode.SESSION_ERROR, "Session taken over", details))
-        await self._close(CLOSE_TAKEN_OVER, "session taken over")
+        await self._close(CLOSE_TAKEN_OVER)
 
     # -- turns ------------------------------------------------------------------------------------
 
@@ -361,16 +361,15 @@ class GatewaySession:
     ) -> None:
         self._store.touch(record)
         record.turns += 1
-        timings = {
-            "llm_ms": round(thought.llm_seconds * 1000, 3), "total_ms": round((time.perf_counter() - started) * 1000, 3),
-        }
+        total_ms = (time.perf_counter() - started) * 1000
+        timings = {"llm_ms": round(thought.llm_seconds * 1000, 3), "total_ms": round(total_ms, 3)}
         turn = TurnRecord(
             session_id=record.session_id,
             index=record.turns - 1,
             user_text=text,
             reply_text=reply,
             tool_calls=thought.tool_call_dicts(),
-            providers={"llm": ",".join(thought.providers) or ",".join(self._llm.kinds[:1]), "model": self._config.model},
+            providers={"llm": ",".join(thought.providers or self._llm.kinds[:1]), "model": self._config.model},
             timings=timings,
             error=error,
             interrupted=interrupted,
@@ -387,7 +386,7 @@ class GatewaySession:
             await asyncio.sleep(interval)
             if not self._busy and time.monotonic() - self._last_seen > timeout:
                 log.info("gateway connection idle, closing", extra={"idle_timeout": timeout})
-                await self._close(CLOSE_IDLE, "idle")
+                await self._close(CLOSE_IDLE)
                 return
 
 

@@ -56,7 +56,8 @@ class TurnRunner:
             run_calls=self._run_calls,
         )
         # llm_tools() and specs() list the same entries in the same order.
-        self._kinds = {t["function"]["name"]: s.source for t, s in zip(toolset.llm_tools(), toolset.specs())}
+        pairs = zip(toolset.llm_tools(), toolset.specs(), strict=True)
+        self._kinds = {tool["function"]["name"]: spec.source for tool, spec in pairs}
 
     async def run(self, messages: list[dict[str, Any]]) -> Thought:
         try:
@@ -76,11 +77,11 @@ class TurnRunner:
         records: dict[int, ToolCallRecord] = {}
         if server:
             done = await asyncio.gather(*(self._server_call(calls[i]) for i in server))
-            records.update(zip(server, done))
+            records.update(zip(server, done, strict=True))
         if client:
             await self._send(protocol.status_waiting_for_tools(len(client)))
             done = await asyncio.gather(*(self._client_call(calls[i]) for i in client))
-            records.update(zip(client, done))
+            records.update(zip(client, done, strict=True))
         return [records[i] for i in range(len(calls))]
 
     async def _server_call(self, call: ToolCall) -> ToolCallRecord:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from conversations.pipeline.config import SessionConfig
 from tools.errors import ToolError
 from tools.mcp.device import DeviceMcpClient, DeviceToolSource
-from tools.registry import ToolSpec, Toolset
+from tools.registry import Toolset, ToolSpec
 
 logger = logging.getLogger(__name__)
 

@@ -106,7 +106,7 @@ class LagHistogram:
 
 
 class Hearing:
-    """Per-session hearing. The engine decides when it accepts audio and in which mode."""
+    """Per-session hearing. The engine decides when it accepts audio, with endpointing or not."""
 
     def __init__(
         self,

@@ -40,9 +40,10 @@ async def _ask_at_once(url: str, texts: list[str]) -> list[str]:
     """Each text from its own client, all sent at the same moment; returns the session ids."""
     sockets = [await connect(url, open_timeout=20) for _ in texts]
     session_ids = [json.loads(await ws.recv())["data"]["session_id"] for ws in sockets]
-    await asyncio.gather(*(ws.send(json.dumps({"type": "text_input", "text": t})) for ws, t in zip(sockets, texts)))
+    questions = [json.dumps({"type": "text_input", "text": text}) for text in texts]
+    await asyncio.gather(*(ws.send(q) for ws, q in zip(sockets, questions, strict=True)))
     for ws in sockets:
-        while (message := json.loads(await ws.recv()))["type"] != "llm_response":
+        while json.loads(await ws.recv())["type"] != "llm_response":
             pass
     for ws in sockets:
         await ws.close()
