@@ -48,10 +48,10 @@ class Ear:
     by one job at a time (its session awaits each job)."""
 
     def __init__(self, settings: VADSettings, vad: VAD) -> None:
-        self._vad = settings
+        self._settings = settings
         self._window_ms = vad.window_ms
         self._decoder: OpusDecoder | None = None
-        self.vad = vad.stream()
+        self.vad_stream = vad.stream()
         self._detector = VADDetector(settings.threshold, settings.threshold_low, settings.min_silence_ms,
                                      window_ms=vad.window_ms)
         self._buf = bytearray()
@@ -63,7 +63,7 @@ class Ear:
 
     def reset(self) -> None:
         self._detector.reset()
-        self.vad.reset()
+        self.vad_stream.reset()
         if self._decoder is not None:
             self._decoder.reset()
         self._buf.clear()
@@ -120,9 +120,9 @@ class Ear:
         """A pause long enough to guess the utterance ended, or speech resuming after one."""
         marks: list[Mark] = []
         for prob in probabilities:
-            if prob >= self._vad.threshold:
+            if prob >= self._settings.threshold:
                 self._voiced = True
-            elif prob <= self._vad.threshold_low:
+            elif prob <= self._settings.threshold_low:
                 self._voiced = False
             self._quiet_ms = 0.0 if self._voiced else self._quiet_ms + self._window_ms
             if self._paused and self._voiced:
@@ -195,7 +195,7 @@ class HearingBatch:
                 heard[i] = pcm
         work: list[tuple[Any, bytes]] = []
         for i, pcm in heard.items():
-            work.append((jobs[i].ear.vad, pcm))
+            work.append((jobs[i].ear.vad_stream, pcm))
         try:
             probs = self.vad.probabilities(work)
         except Exception as exc:
