@@ -9,9 +9,10 @@ Tiers:
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "integration" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Tests marked `virtual_time` run on the virtual-time loop (testing/virtual_time.py)."""
+    if item.get_closest_marker("virtual_time") is not None:
+        from testing.virtual_time import VirtualTimeLoop
+
+        return {"virtual_time": VirtualTimeLoop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @pytest.hookimpl(wrapper=True)

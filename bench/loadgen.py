@@ -4,7 +4,7 @@ none of SimulatedDevice's per-device threads, encoders or decoders.
 Hundreds or thousands of these share one asyncio loop. Uplink packets are encoded once
 (`Utterance`) and replayed on an absolute 60 ms clock, exactly as a device streams its
 microphone; downlink frames are only timestamped, not decoded. The handshake headers, the
-hello and the device-side MCP server are the simulator's own (devices/simulator/), so the
+hello and the device-side MCP server are the simulator's own (simulator/), so the
 server sees what a real device sends.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from devices.simulator import transport
-from devices.simulator.mcp_server import DeviceMcpServer
+from simulator import transport
+from simulator.mcp_server import DeviceMcpServer
 from testing.speech import opus_packets, silence, speak
 
 FRAME_S = 0.06

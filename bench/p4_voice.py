@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from common import BenchServer, fmt, header, md_table, median, percentile, verdict
 from loadgen import last_speech_frame
 
-from devices.simulator.device import SimulatedDevice
+from simulator.device import SimulatedDevice
 from testing.fake_openai import FakeOpenAI, Reply
 from testing.speech import silence, speak
 

@@ -37,11 +37,11 @@ sys.path.insert(0, str(BASE_DIR))
 import openai  # noqa: E402
 from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
 
-from conversations.gateway.config import SERVER_TOOLS, SYSTEM_PROMPT  # noqa: E402
+from conversations.gateway.session_config import SERVER_TOOLS, SYSTEM_PROMPT  # noqa: E402
 from testing.fake_openai import FakeOpenAI, Reply  # noqa: E402
+from testing.server import AsgiServer  # noqa: E402
 from tools.builtin import BuiltinToolSource, SessionToolState  # noqa: E402
 from tools.registry import Toolset  # noqa: E402
-from testing.server import AsgiServer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, utc_now  # noqa: E402  (bench/common.py)

@@ -1,79 +1,158 @@
-"""Write-side services of the conversations app, and the ORM implementation of SessionHooks.
+"""Write-side services of the conversations app: turn history for every client, the device's
+tool list, and the ORM implementation of the voice session's SessionHooks.
 
-The voice session is plain asyncio; `DbSessionHooks` is the one place where it reaches the
-database, always through `database_sync_to_async` and always from the session's background
-jobs, never from the frame path.
+Sessions are plain asyncio; they reach the database only through background jobs (presence)
+and the process's one `HISTORY` writer (turns), never from the frame or reply path.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from channels.db import database_sync_to_async
-from django.db import transaction
+from django.db import DatabaseError, OperationalError, transaction
 from django.utils import timezone
 
 from conversations.models import Conversation, Turn
-from conversations.pipeline.config import SessionInfo, TurnRecord
+from conversations.pipeline.config import SessionInfo
+from conversations.turns.history import ConversationKey, HistoryWriter, PendingTurn
+from conversations.turns.record import TurnRecord
 from devices.models import Device
 from devices.presence import device_mark_offline, device_mark_online, device_touch
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CONVERSATION_WAIT_SECONDS = 5.0  # a turn written before the conversation row exists waits this long
-_TURN_FIELDS = ("user_text", "reply_text", "emotion", "tool_calls", "providers", "timings", "interrupted")
+_TURN_FIELDS = ("user_text", "reply_text", "emotion", "tool_calls", "providers", "timings", "interrupted", "error")
+_ERROR_LENGTH = Turn._meta.get_field("error").max_length or 200
+_EMOTION_LENGTH = Turn._meta.get_field("emotion").max_length or 20
 
 
-def conversation_start(
-    *, session_id: str, device_id: int | None, persona_id: int | None,
-    source: str = Conversation.SOURCE_DEVICE, client_address: str = "",
-) -> Conversation:
-    return Conversation.objects.create(
-        session_id=session_id, source=source, device_id=device_id, persona_id=persona_id,
-        client_address=client_address[:100],
+# -- text the database can store -----------------------------------------------------------------
+
+
+def db_text(text: str) -> str:
+    """PostgreSQL stores no NUL character (text or jsonb); a client may send one anyway."""
+    return text.replace("\x00", "") if "\x00" in text else text
+
+
+def db_json(value: Any) -> Any:
+    """`value` with NUL removed from every string in it, keys included."""
+    if isinstance(value, str):
+        return db_text(value)
+    if isinstance(value, dict):
+        return {db_json(k): db_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [db_json(item) for item in value]
+    return value
+
+
+# -- turn history ----------------------------------------------------------------------------------
+
+
+def history_save(*, turns: list[PendingTurn], ended: list[ConversationKey]) -> None:
+    """Store a batch of finished turns (from any connections) and end conversations.
+
+    One transaction for the batch; if the database refuses it for what it holds (a value it
+    cannot store), every turn is tried alone so one bad row never takes the others down.
+    A failure to reach the database (OperationalError: locked, connection lost) is raised
+    for the writer to retry the whole batch.
+    """
+    try:
+        with transaction.atomic():
+            _save_turns(turns)
+            _end_conversations(ended)
+    except OperationalError:
+        raise
+    except DatabaseError:
+        logger.warning("history batch refused, storing turn by turn", exc_info=True, extra={"turns": len(turns)})
+        _save_one_by_one(turns)
+        with transaction.atomic():
+            _end_conversations(ended)
+
+
+def _save_one_by_one(turns: list[PendingTurn]) -> None:
+    for pending in turns:
+        try:
+            with transaction.atomic():
+                _save_turns([pending])
+        except OperationalError:
+            raise
+        except DatabaseError:
+            logger.error("turn refused by the database, dropped", exc_info=True,
+                         extra={"session_id": pending.conversation.session_id, "turn": pending.turn.index})
+
+
+def _save_turns(turns: list[PendingTurn]) -> None:
+    if not turns:
+        return
+    conversation_ids = _conversation_ids({p.conversation for p in turns})
+    rows = [_turn_row(p.turn, conversation_ids[(p.conversation.source, p.conversation.session_id)]) for p in turns]
+    Turn.objects.bulk_create(
+        rows, update_conflicts=True, unique_fields=["conversation", "index"], update_fields=list(_TURN_FIELDS),
+    )  # idempotent per (conversation, index): a turn stored twice is updated
+
+
+def _conversation_ids(keys: set[ConversationKey]) -> dict[tuple[str, str], int]:
+    """Each conversation's row, created with its first turn (a resumed session appends)."""
+    found: dict[tuple[str, str], int] = {}
+    for source in {key.source for key in keys}:
+        session_ids = {key.session_id for key in keys if key.source == source}
+        rows = Conversation.objects.filter(source=source, session_id__in=session_ids).order_by("started_at")
+        for session_id, pk in rows.values_list("session_id", "pk"):
+            found[(source, session_id)] = pk  # the latest wins, should an id ever repeat
+    for key in sorted(keys, key=lambda k: (k.source, k.session_id)):
+        if (key.source, key.session_id) not in found:
+            found[(key.source, key.session_id)] = Conversation.objects.create(
+                session_id=key.session_id, source=key.source, device_id=key.device_id, persona_id=key.persona_id,
+                client_address=key.client_address[:100],
+            ).pk
+    return found
+
+
+def _turn_row(turn: TurnRecord, conversation_id: int) -> Turn:
+    return Turn(
+        conversation_id=conversation_id,
+        index=turn.index,
+        user_text=db_text(turn.user_text),
+        reply_text=db_text(turn.reply_text),
+        emotion=db_text(turn.emotion)[:_EMOTION_LENGTH],
+        tool_calls=db_json(turn.tool_calls),
+        providers=db_json(turn.providers),
+        timings=turn.timings,
+        interrupted=turn.interrupted,
+        error=db_text(turn.error)[:_ERROR_LENGTH],
     )
 
 
-def conversation_add_turn(*, conversation_id: int, turn: TurnRecord) -> Turn:
-    """Idempotent per (conversation, index): a retried write updates instead of failing."""
-    values: dict[str, Any] = {name: getattr(turn, name) for name in _TURN_FIELDS}
-    values["error"] = turn.error[:200]
-    values["emotion"] = turn.emotion[:20]
-    stored, _ = Turn.objects.update_or_create(conversation_id=conversation_id, index=turn.index, defaults=values)
-    return stored
+def _end_conversations(keys: list[ConversationKey]) -> None:
+    for source in {key.source for key in keys}:
+        conversations_end(source=source, session_ids=[key.session_id for key in keys if key.source == source])
 
 
-def conversation_end(*, conversation_id: int) -> None:
-    Conversation.objects.filter(pk=conversation_id, ended_at__isnull=True).update(ended_at=timezone.now())
+def conversations_end(*, source: str, session_ids: list[str]) -> int:
+    """Ended or expired sessions: mark their conversations finished."""
+    return Conversation.objects.filter(
+        session_id__in=session_ids, source=source, ended_at__isnull=True
+    ).update(ended_at=timezone.now())
+
+
+async def _history_save(turns: list[PendingTurn], ended: list[ConversationKey]) -> None:
+    await _db(history_save)(turns=turns, ended=ended)
+
+
+HISTORY = HistoryWriter(_history_save)  # the process's writer, for devices and the gateway
+
+
+# -- devices -----------------------------------------------------------------------------------
 
 
 def device_mcp_tools_store(*, device_id: int, server_info: dict, tools: list[dict]) -> None:
     """The device's own tool list, as shown in the admin (user-only tools flagged)."""
     Device.objects.filter(pk=device_id).update(
-        mcp_server_info=server_info, mcp_tools=tools, mcp_tools_updated_at=timezone.now(),
+        mcp_server_info=db_json(server_info), mcp_tools=db_json(tools), mcp_tools_updated_at=timezone.now(),
     )
-
-
-@transaction.atomic
-def _session_started(*, info: SessionInfo, persona_id: int | None, client_address: str) -> int:
-    if info.device_id is not None:
-        device_mark_online(device_id=info.device_id, session_id=info.session_id)
-    conversation = conversation_start(
-        session_id=info.session_id, device_id=info.device_id, persona_id=persona_id,
-        client_address=client_address,
-    )
-    return conversation.pk
-
-
-@transaction.atomic
-def _session_closed(*, info: SessionInfo, conversation_id: int | None) -> None:
-    if info.device_id is not None:
-        device_mark_offline(device_id=info.device_id, session_id=info.session_id)
-    if conversation_id is not None:
-        conversation_end(conversation_id=conversation_id)
 
 
 def _db(func: Callable[..., T]) -> Callable[..., Awaitable[T]]:
@@ -85,47 +164,42 @@ def _db(func: Callable[..., T]) -> Callable[..., Awaitable[T]]:
 class DbSessionHooks:
     """SessionHooks for one device connection: presence, tool list, history."""
 
-    def __init__(self, *, device_id: int | None, persona_id: int | None, client_address: str = "") -> None:
+    def __init__(
+        self, *, device_id: int | None, persona_id: int | None, client_address: str = "",
+        history: HistoryWriter = HISTORY,
+    ) -> None:
         self.device_id = device_id
         self.persona_id = persona_id
         self.client_address = client_address
-        self.conversation_id: int | None = None
-        self._started = asyncio.Event()
+        self._history = history
+        self._conversation: ConversationKey | None = None
 
     async def session_started(self, info: SessionInfo) -> None:
-        try:
-            self.conversation_id = await _db(_session_started)(
-                info=info, persona_id=self.persona_id, client_address=self.client_address,
-            )
-        finally:
-            self._started.set()
+        if info.device_id is not None:
+            await _db(device_mark_online)(device_id=info.device_id, session_id=info.session_id)
 
     async def tools_listed(self, server_info: dict, tools: list[dict]) -> None:
         if self.device_id is not None:
-            await _db(device_mcp_tools_store)(
-                device_id=self.device_id, server_info=server_info, tools=tools,
-            )
+            await _db(device_mcp_tools_store)(device_id=self.device_id, server_info=server_info, tools=tools)
 
-    async def turn_finished(self, turn: TurnRecord) -> None:
-        conversation_id = await self._conversation()
-        if conversation_id is None:
-            logger.warning("turn not stored: the conversation row does not exist", extra={"turn": turn.index})
-            return
-        await _db(conversation_add_turn)(conversation_id=conversation_id, turn=turn)
+    def turn_finished(self, turn: TurnRecord) -> None:
+        self._history.add_turn(self._key(turn.session_id), turn)
 
     async def session_closed(self, info: SessionInfo) -> None:
-        await _db(_session_closed)(info=info, conversation_id=self.conversation_id)
+        # The conversation's last turns and its end first, presence offline last: the
+        # offline row is the session's final write.
+        self._history.end_conversation(self._key(info.session_id))
+        await self._history.flush()
+        if info.device_id is not None:
+            await _db(device_mark_offline)(device_id=info.device_id, session_id=info.session_id)
 
     async def touch(self) -> None:
         if self.device_id is not None:
             await _db(device_touch)(device_id=self.device_id)
 
-    async def _conversation(self) -> int | None:
-        # The engine writes turns from its own queue; the first one may race the start.
-        try:
-            async with asyncio.timeout(CONVERSATION_WAIT_SECONDS):
-                await self._started.wait()
-        except TimeoutError:
-            return None
-        return self.conversation_id
-
+    def _key(self, session_id: str) -> ConversationKey:
+        if self._conversation is None:
+            self._conversation = ConversationKey(
+                session_id, Conversation.SOURCE_DEVICE, self.device_id, self.persona_id, self.client_address,
+            )
+        return self._conversation

@@ -98,8 +98,16 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Several processes (web, worker, beat) share the file: wait for locks instead of failing.
-    DATABASES["default"]["OPTIONS"] = {"timeout": 20}
+    # Several processes (web, worker, beat) and threads share the file: wait for locks instead
+    # of failing. A transaction that reads first and writes later cannot upgrade its lock
+    # while another connection writes and fails at once, whatever the timeout, so every
+    # transaction takes the write lock when it begins (IMMEDIATE); WAL lets reads go on
+    # meanwhile (issue 11: lost turns, an OTA check-in's 500 during a disconnect).
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
     # A file, not :memory:, so end-to-end tests can share it with a server subprocess; one per
     # test process so concurrent test runs never trample each other.
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-db-{os.getpid()}.sqlite3")}

@@ -19,20 +19,21 @@ from django.conf import settings
 
 from conversations.gateway import protocol
 from conversations.gateway.protocol import ErrorCode
-from conversations.gateway.history import HistoryWriter, PendingTurn
-from conversations.gateway.services import gateway_characters, gateway_conversations_end, gateway_history_save
-from conversations.gateway.config import GatewayConfig, TurnRecord
+from conversations.gateway.services import gateway_characters, gateway_llm_chain
 from conversations.gateway.session import GatewaySession
+from conversations.gateway.session_config import GatewayConfig
 from conversations.gateway.store import SessionStore
-from conversations.providers.base import LLM
-from conversations.providers.registry import build
+from conversations.models import Conversation
+from conversations.pipeline.fallback import ProviderChain
 from conversations.selectors import scope_client_address
+from conversations.services import HISTORY
+from conversations.turns.history import ConversationKey
+from conversations.turns.record import TurnRecord
 
 log = logging.getLogger(__name__)
 
 CLOSE_TRY_AGAIN_LATER = 1013  # seed §11.1: the server is full
 CLOSE_INTERNAL_ERROR = 1011
-_LLM_TIMEOUT_MARGIN = 5.0  # the session's own LLM deadline must fire first (→ TIMEOUT)
 
 
 def gateway_config(characters: list[dict[str, str]]) -> GatewayConfig:
@@ -58,25 +59,14 @@ def gateway_config(characters: list[dict[str, str]]) -> GatewayConfig:
     )
 
 
-def build_llm() -> LLM:
-    """The gateway's LLM: the OpenAI-compatible provider configured by the LLM_* settings."""
-    return build(  # type: ignore[no-any-return]
-        "llm",
-        "openai",
-        base_url=settings.LLM_BASE_URL,
-        api_key=settings.LLM_API_KEY,
-        timeout=settings.LLM_TIMEOUT + _LLM_TIMEOUT_MARGIN,
-    )
-
-
 class _Process:
-    """Per-process state: live connection count, the session store, the shared LLM."""
+    """Per-process state: live connection count, the session store, the shared LLM chain."""
 
     def __init__(self) -> None:
         self.connections = 0
         self.store = SessionStore(timeout=3600.0, cleanup_interval=60.0, on_expired=_conversations_end)
-        self.history = HistoryWriter(_history_save)
-        self.llm_factory: Callable[[], LLM] = build_llm  # replaceable, e.g. by a test
+        self.history = HISTORY
+        self.llm_factory: Callable[[], ProviderChain] = gateway_llm_chain  # replaceable, e.g. by a test
         self._llm: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -87,8 +77,8 @@ class _Process:
         self.connections += 1
         return True
 
-    def acquire(self) -> LLM:
-        """Per admitted connection: the loop's LLM client; the first one starts the sweeper."""
+    def acquire(self) -> ProviderChain:
+        """Per admitted connection: the loop's LLM chain; the first one starts the sweeper."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # first connection, or a new loop (tests)
             self._loop = loop
@@ -96,7 +86,6 @@ class _Process:
         self.store.timeout = settings.CLOUD_SESSION_TIMEOUT
         self.store.cleanup_interval = settings.CLOUD_SESSION_CLEANUP_INTERVAL
         self.store.start_sweeper()
-        self.history.start()
         return self._llm  # type: ignore[no-any-return]
 
     async def release(self) -> None:
@@ -106,17 +95,14 @@ class _Process:
         # The last connection is gone: no timer and no idle HTTP pool on a quiet server.
         llm, self._llm, self._loop = self._llm, None, None
         await self.store.stop_sweeper()
-        await self.history.aclose()
-        if llm is not None and hasattr(llm, "aclose"):
+        await self.history.flush()
+        if llm is not None:
             await llm.aclose()
 
 
 async def _conversations_end(session_ids: list[str]) -> None:
-    await database_sync_to_async(gateway_conversations_end)(session_ids=session_ids)
-
-
-async def _history_save(turns: list[PendingTurn], ended: list[str]) -> None:
-    await database_sync_to_async(gateway_history_save)(turns=turns, ended_session_ids=ended, model=settings.LLM_MODEL)
+    for session_id in session_ids:
+        HISTORY.end_conversation(ConversationKey(session_id, Conversation.SOURCE_GATEWAY))
 
 
 PROCESS = _Process()
@@ -130,10 +116,11 @@ class _HistoryHooks:
         self.client_address = client_address
 
     def turn_finished(self, turn: TurnRecord) -> None:
-        PROCESS.history.add_turn(turn, self.client_address)
+        key = ConversationKey(turn.session_id, Conversation.SOURCE_GATEWAY, client_address=self.client_address)
+        PROCESS.history.add_turn(key, turn)
 
     def session_ended(self, session_id: str) -> None:
-        PROCESS.history.end_session(session_id)
+        PROCESS.history.end_conversation(ConversationKey(session_id, Conversation.SOURCE_GATEWAY))
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):
@@ -186,3 +173,6 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def send_text(self, text: str) -> None:
         """Transport for the session."""
         await self.send(text_data=text)
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self.send(bytes_data=data)

@@ -319,6 +319,13 @@ def _registration(message: str) -> GatewayError:
     return GatewayError(ErrorCode.TOOL_REGISTRATION_FAILED, message)
 
 
+# -- close codes ----------------------------------------------------------------------------
+
+CLOSE_IDLE = 1001  # no client message for CLOUD_PING_TIMEOUT seconds
+CLOSE_TOO_BIG = 1009  # RFC 6455 "message too big", after an INVALID_MESSAGE error
+CLOSE_TAKEN_OVER = 4000  # another connection resumed this connection's session
+
+
 # -- server messages ----------------------------------------------------------------------------
 
 

@@ -18,22 +18,15 @@ import datetime as dt
 import logging
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
 from conversations.gateway import protocol
 from conversations.gateway.client_tools import ClientToolSource
-from conversations.gateway.config import (
+from conversations.gateway.protocol import (
     CLOSE_IDLE,
     CLOSE_TAKEN_OVER,
     CLOSE_TOO_BIG,
-    SERVER_TOOLS,
-    GatewayConfig,
-    GatewayHooks,
-    Transport,
-    TurnRecord,
-)
-from conversations.gateway.protocol import (
     Configure,
     EndSession,
     ErrorCode,
@@ -44,23 +37,38 @@ from conversations.gateway.protocol import (
     TextInput,
     ToolResult,
 )
+from conversations.gateway.session_config import SERVER_TOOLS, GatewayConfig
 from conversations.gateway.store import ChatOptions, SessionRecord, SessionStore
-from conversations.gateway.turn import TurnOutcome, TurnRunner, TurnSettings, tool_summary
+from conversations.gateway.turn import TurnRunner, TurnSettings, tool_summary
 from conversations.pipeline.aio import TaskSet, cancel_and_wait
+from conversations.pipeline.fallback import ProviderChain
 from conversations.pipeline.text import clean_for_speech
-from conversations.providers.base import LLM
+from conversations.turns.record import TurnRecord
+from conversations.turns.tool_loop import Thought
+from conversations.turns.transport import Transport
 from tools.builtin import SUPPORTED_LANGUAGES, BuiltinToolSource, SessionToolState
 from tools.registry import Toolset
 
 log = logging.getLogger(__name__)
 
 
+class GatewayHooks(Protocol):
+    """Persistence. Called on the reply path, so they must return at once (enqueue); the
+    consumer's hooks hand everything to the process's HistoryWriter (conversations/turns/)."""
+
+    def turn_finished(self, turn: TurnRecord) -> None: ...
+
+    def session_ended(self, session_id: str) -> None: ...
+
+
 class GatewaySession:
     """One connection. `start()` after accept, `feed()`/`feed_bytes()` per frame, `aclose()`
-    on disconnect. Talks to the world only through its transport, store, LLM and hooks."""
+    on disconnect. Talks to the world only through its transport, store, LLM chain (the
+    fallback chain of pipeline/fallback.py, as the device's) and hooks."""
 
     def __init__(
-        self, transport: Transport, config: GatewayConfig, store: SessionStore, llm: LLM, hooks: GatewayHooks
+        self, transport: Transport, config: GatewayConfig, store: SessionStore, llm: ProviderChain,
+        hooks: GatewayHooks,
     ) -> None:
         self._transport = transport
         self._config = config
@@ -150,7 +158,7 @@ class GatewaySession:
 
     async def _close(self, code: int) -> None:
         self._closing = True
-        await self._transport.close(code)
+        await self._transport.close(code, "")  # the seed's clients see the code alone, as ever
 
     async def _dispatch(self, message: Any) -> None:
         if isinstance(message, Ping):
@@ -306,20 +314,20 @@ class GatewaySession:
             llm=self._llm, toolset=self._toolset, send=self.send, settings=self._turn_settings(), options=record.options
         )
         try:
-            outcome = await runner.run(self._messages(record, text))
+            thought = await runner.run(self._messages(record, text))
         except GatewayError as exc:
             await self.send(protocol.error_from(exc))
-            self._finished(record, text, runner.outcome, started, error=f"{exc.code}: {exc.details}")
+            self._finished(record, text, runner.thought, started, error=f"{exc.code}: {exc.details}")
             return
         except asyncio.CancelledError:
-            self._finished(record, text, runner.outcome, started, error="interrupted", interrupted=True)
+            self._finished(record, text, runner.thought, started, error="interrupted", interrupted=True)
             raise
-        content = clean_for_speech(outcome.text)
-        summaries = [tool_summary(r) for r in outcome.tool_calls]
+        content = clean_for_speech(thought.answer_text)
+        summaries = [tool_summary(r) for r in thought.tool_calls]
         await self.send(protocol.llm_response(content, summaries))
         if content and record.owner is self._owner:
             record.add_exchange(text, content, self._config.history_messages)
-        self._finished(record, text, outcome, started, reply=content)
+        self._finished(record, text, thought, started, reply=content)
 
     def _turn_settings(self) -> TurnSettings:
         config = self._config
@@ -344,7 +352,7 @@ class GatewaySession:
         self,
         record: SessionRecord,
         text: str,
-        outcome: TurnOutcome,
+        thought: Thought,
         started: float,
         *,
         reply: str = "",
@@ -353,13 +361,15 @@ class GatewaySession:
     ) -> None:
         self._store.touch(record)
         record.turns += 1
-        timings = {"llm_ms": round(outcome.llm_ms, 3), "total_ms": round((time.perf_counter() - started) * 1000, 3)}
+        total_ms = (time.perf_counter() - started) * 1000
+        timings = {"llm_ms": round(thought.llm_seconds * 1000, 3), "total_ms": round(total_ms, 3)}
         turn = TurnRecord(
             session_id=record.session_id,
             index=record.turns - 1,
             user_text=text,
             reply_text=reply,
-            tool_calls=[asdict(r) for r in outcome.tool_calls],
+            tool_calls=thought.tool_call_dicts(),
+            providers={"llm": ",".join(thought.providers or self._llm.kinds[:1]), "model": self._config.model},
             timings=timings,
             error=error,
             interrupted=interrupted,

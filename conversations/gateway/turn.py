@@ -1,28 +1,28 @@
-"""One gateway turn: the LLM ↔ tools loop (seed §7.4–7.7).
+"""One gateway turn (seed §7.4–7.7) on the shared LLM ↔ tools loop (conversations/turns/).
 
-Each round streams a completion; if the model asks for tools, server tools run first
-(`tool_call` notice each, seed §7.6), then client tools together (`waiting_for_tools`, then
-one `tool_callback` each), and every result goes back to the model. A failed tool call is
-reported to the client as an `error` *notice* (TOOL_NOT_FOUND, INVALID_TOOL_PARAMETERS,
+What is the gateway's own: how a round's tool calls run and what the client hears of them.
+Server tools run first (a `tool_call` notice each, seed §7.6), then client tools together
+(`waiting_for_tools`, then one `tool_callback` each); every result goes back to the model. A
+failed tool call is reported as an `error` *notice* (TOOL_NOT_FOUND, INVALID_TOOL_PARAMETERS,
 TOOL_RESULT_TIMEOUT, TOOL_EXECUTION_FAILED) while the model still gets a result text, so the
-turn goes on and ends with `llm_response`. Only the LLM itself failing ends a turn early
-(GatewayError LLM_ERROR or TIMEOUT).
+turn goes on and ends with `llm_response`. Only the LLM failing ends a turn early
+(GatewayError LLM_ERROR or TIMEOUT after LLM_TIMEOUT per round); an LLM provider that breaks
+its contract is a bug of ours and surfaces as such (INTERNAL_ERROR).
 """
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
-from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from conversations.gateway import protocol
 from conversations.gateway.client_tools import CALL_TRACE, CallTrace
 from conversations.gateway.protocol import ErrorCode, GatewayError
 from conversations.gateway.store import ChatOptions
-from conversations.pipeline.think import assistant_tool_message, tool_message
-from conversations.providers.base import LLM, ProviderError, ToolCall
+from conversations.pipeline.fallback import AllProvidersFailed, ProviderBroke, ProviderChain
+from conversations.providers.base import ProviderError, ToolCall
+from conversations.turns.tool_loop import LLMOptions, Thought, ToolLoop
 from tools.registry import ToolCallRecord, Toolset
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -36,102 +36,53 @@ class TurnSettings:
     client_tool_timeout: float
 
 
-@dataclass
-class TurnOutcome:
-    text: str = ""  # the model's words over all rounds, raw
-    tool_calls: list[ToolCallRecord] = field(default_factory=list)
-    llm_ms: float = 0.0
-    rounds: int = 0
-
-
 class TurnRunner:
-    """Runs the loop for one user message; `run` raises GatewayError only for LLM failures."""
+    """Runs the loop for one user message; `run` raises GatewayError only for LLM failures.
+    `thought` tells what happened so far (tool calls, LLM time), also after a failure."""
 
     def __init__(
-        self, *, llm: LLM, toolset: Toolset, send: Send, settings: TurnSettings, options: ChatOptions
+        self, *, llm: ProviderChain, toolset: Toolset, send: Send, settings: TurnSettings, options: ChatOptions
     ) -> None:
         self._llm = llm
         self._toolset = toolset
         self._send = send
         self._settings = settings
-        self._options = options
-        self._outcome = TurnOutcome()
-
-    @property
-    def outcome(self) -> TurnOutcome:
-        """What happened so far (tool calls, LLM time), also after a failure."""
-        return self._outcome
-
-    async def run(self, messages: list[dict[str, Any]]) -> TurnOutcome:
-        tools = self._toolset.llm_tools()
-        # llm_tools() and specs() list the same entries in the same order.
-        kinds = {t["function"]["name"]: s.source for t, s in zip(tools, self._toolset.specs())}
-        texts: list[str] = []
-        for round_no in range(self._settings.max_tool_rounds + 1):
-            # The last round offers no tools, so a model stuck calling them must answer.
-            offered = tools if tools and round_no < self._settings.max_tool_rounds else None
-            text, calls = await self._complete(messages, offered)
-            if text.strip():
-                texts.append(text)
-            if not calls or offered is None:
-                break
-            messages.append(assistant_tool_message(text, calls))
-            records = await self._run_calls(calls, kinds)
-            messages.extend(tool_message(call, record) for call, record in zip(calls, records))
-        self._outcome.text = "\n".join(texts)
-        return self._outcome
-
-    # -- the model ----------------------------------------------------------------------------
-
-    async def _complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> tuple[str, list[ToolCall]]:
-        parts: list[str] = []
-        calls: list[ToolCall] = []
-        started = time.perf_counter()
-        timeout = self._settings.llm_timeout
-        stream = self._llm.stream(
-            messages,
-            tools=tools,
-            model=self._settings.model,
-            temperature=self._options.temperature,
-            max_tokens=self._options.max_tokens,
+        self.thought = Thought()
+        self._loop = ToolLoop(
+            toolset=toolset,
+            options=LLMOptions(settings.model, options.temperature, options.max_tokens),
+            max_rounds=settings.max_tool_rounds,
+            round_timeout=settings.llm_timeout,
+            run_calls=self._run_calls,
         )
+        # llm_tools() and specs() list the same entries in the same order.
+        pairs = zip(toolset.llm_tools(), toolset.specs(), strict=True)
+        self._kinds = {tool["function"]["name"]: spec.source for tool, spec in pairs}
+
+    async def run(self, messages: list[dict[str, Any]]) -> Thought:
         try:
-            async with asyncio.timeout(timeout), aclosing(stream):  # type: ignore[type-var]
-                async for delta in stream:
-                    if delta.text:
-                        parts.append(delta.text)
-                    if delta.tool_calls:
-                        calls.extend(delta.tool_calls)
+            await self._loop.run(self._llm, messages, self.thought)
         except TimeoutError:
-            raise _llm_timeout(timeout) from None
+            raise _llm_timeout(self._settings.llm_timeout) from None
         except ProviderError as exc:
-            if _caused_by_timeout(exc):
-                raise _llm_timeout(timeout) from None
-            raise GatewayError(ErrorCode.LLM_ERROR, "Failed to process request", str(exc)[:300]) from None
-        finally:
-            self._outcome.llm_ms += (time.perf_counter() - started) * 1000
-            self._outcome.rounds += 1
-        return "".join(parts), calls
+            raise _llm_failure(exc, self._settings.llm_timeout) from None
+        return self.thought
 
     # -- tools ----------------------------------------------------------------------------------
 
-    async def _run_calls(self, calls: list[ToolCall], kinds: dict[str, str]) -> list[ToolCallRecord]:
+    async def _run_calls(self, calls: list[ToolCall]) -> list[ToolCallRecord]:
         """Server (and unknown) tools first, then client tools; results in the model's order."""
-        server = [i for i, call in enumerate(calls) if kinds.get(call.name) != "client"]
-        client = [i for i, call in enumerate(calls) if kinds.get(call.name) == "client"]
+        server = [i for i, call in enumerate(calls) if self._kinds.get(call.name) != "client"]
+        client = [i for i, call in enumerate(calls) if self._kinds.get(call.name) == "client"]
         records: dict[int, ToolCallRecord] = {}
         if server:
             done = await asyncio.gather(*(self._server_call(calls[i]) for i in server))
-            records.update(zip(server, done))
+            records.update(zip(server, done, strict=True))
         if client:
             await self._send(protocol.status_waiting_for_tools(len(client)))
             done = await asyncio.gather(*(self._client_call(calls[i]) for i in client))
-            records.update(zip(client, done))
-        ordered = [records[i] for i in range(len(calls))]
-        self._outcome.tool_calls.extend(ordered)
-        return ordered
+            records.update(zip(client, done, strict=True))
+        return [records[i] for i in range(len(calls))]
 
     async def _server_call(self, call: ToolCall) -> ToolCallRecord:
         record = await self._toolset.call(call.name, call.arguments)
@@ -185,6 +136,20 @@ def tool_summary(record: ToolCallRecord) -> dict[str, Any]:
         "success": record.success,
         "duration_ms": record.duration_ms,
     }
+
+
+def _llm_failure(exc: ProviderError, timeout: float) -> BaseException:
+    """What the client hears when the chain gave up: LLM_ERROR with the last provider's
+    reason, TIMEOUT when that reason was a timeout, and a provider's own bug re-raised as it
+    was (the session answers INTERNAL_ERROR)."""
+    reason: BaseException = exc.last if isinstance(exc, AllProvidersFailed) and exc.last is not None else exc
+    if isinstance(reason, ProviderBroke) and reason.__cause__ is not None:
+        return reason.__cause__
+    if not isinstance(reason, ProviderError | TimeoutError):
+        return reason
+    if isinstance(reason, TimeoutError) or _caused_by_timeout(reason):
+        return _llm_timeout(timeout)
+    return GatewayError(ErrorCode.LLM_ERROR, "Failed to process request", str(reason)[:300])
 
 
 def _llm_timeout(timeout: float) -> GatewayError:

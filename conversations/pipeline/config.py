@@ -1,4 +1,4 @@
-"""Plain configuration and record types shared by the session, the engine and the consumer.
+"""Plain configuration types shared by the session, the engine and the consumer.
 
 Built by the consumer from settings, the Device and its Persona; the pipeline never reads
 Django settings or models itself.
@@ -51,8 +51,9 @@ class SessionConfig:
     session_id: str
     device: DeviceInfo
     persona: PersonaConfig = field(default_factory=PersonaConfig)
-    # provider kind -> constructor keyword arguments (URLs, keys, model paths) from settings
+    # "stage.kind" -> constructor keyword arguments (URLs, keys, model paths) from settings
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    vad: str = "silero"  # the VAD provider kind (one per process, shared by every session)
     llm_model: str = ""
     downlink_sample_rate: int = 24000
     hello_timeout: float = 10.0
@@ -79,20 +80,3 @@ class SessionInfo:
     device_id: int | None
     protocol_version: int = 1
     listen_mode: str = "auto"
-
-
-@dataclass
-class TurnRecord:
-    """One finished (or interrupted) exchange, persisted off the audio path."""
-
-    index: int
-    user_text: str = ""
-    reply_text: str = ""
-    emotion: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    providers: dict[str, str] = field(default_factory=dict)
-    # milliseconds relative to speech end: asr_done, llm_first_token, tts_first_audio,
-    # first_frame_sent, last_frame_sent (speech_end is 0 by definition)
-    timings: dict[str, float] = field(default_factory=dict)
-    interrupted: bool = False
-    error: str = ""

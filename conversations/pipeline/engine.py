@@ -2,20 +2,18 @@
 
 The engine routes device events to its parts and runs one reply at a time, each behind a
 `ReplyHandle`. Whoever ends a reply early only calls `interrupt()`: the handle's guard drops
-anything the reply still tries to send. Who sends the `tts stop` then depends on who
-interrupted: the session does for device input (`abort`, `listen start`/`stop`, commands:
-it calls `on_abort` and sends it), the engine does for what it decided itself (realtime
-barge-in, a new utterance replacing a reply).
+anything the reply still tries to send, and the reply's task ends. Every reply reports its
+start and its end to the session (`ctx.replies`), and the session decides what follows:
+THINKING for a turn, `tts stop` and the rest state at the end. So the engine never sends
+`tts start`/`tts stop` nor sets a state, and it reads the listen mode from the session.
 
-State changes to SPEAKING and back happen in the session when `tts start`/`tts stop` go
-out; the engine sets only THINKING (utterance ended) and the rest state after a turn that
-produced nothing to say.
+A new reply (an utterance replacing a reply in realtime mode, a `say`) starts only after the
+one it replaces has reported its end, so the old `tts stop` always goes out first.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any
@@ -23,7 +21,8 @@ from typing import Any
 from conversations.pipeline import fallback, phrases
 from conversations.pipeline.aio import TaskSet, cancel_and_wait
 from conversations.pipeline.contracts import EngineContext
-from conversations.pipeline.cpu import CpuMill, shared_executor, speech_executor
+from conversations.pipeline.cpu_pool import CpuMill, shared_executor, speech_executor
+from conversations.pipeline.fallback import Chains
 from conversations.pipeline.listen import (
     POST_WAKE_MUTE_S,
     Hearing,
@@ -35,28 +34,21 @@ from conversations.pipeline.listen import (
     Utterance,
     VADSettings,
 )
-from conversations.pipeline.fallback import Chains
-from conversations.pipeline.reply import ReplyHandle, TurnRunner
-from conversations.pipeline.serial import SerialRunner
+from conversations.pipeline.reply import ReplyHandle, TurnRunner, normalize_phrase
 from conversations.pipeline.speak import Clock, LoopClock
-from conversations.pipeline.states import IllegalTransition, SessionState
 from conversations.pipeline.think import Thinker
-from devices.protocol.messages import TtsStop
+from conversations.providers import registry
 
 log = logging.getLogger(__name__)
 
+__all__ = ["VoiceEngine", "normalize_phrase"]
+
 GREETING_WAIT_S = 0.5  # the wake word's companion `listen start` comes right after `detect`
-HISTORY_DRAIN_S = 3.0
 # Speculative ASR competes with real turns for the (usually single) Whisper worker, so only
 # a few may run at once in a process; beyond that turns simply transcribe at the end.
 MAX_SPECULATIONS = 2
 _speculations = 0
 Work = Callable[[ReplyHandle], Coroutine[Any, Any, object]]
-
-
-def normalize_phrase(text: str) -> str:
-    """Exit phrases match without case, punctuation or extra spaces ("Goodbye!" = "goodbye")."""
-    return " ".join(re.sub(r"[^\w\s]|_", " ", text.casefold()).split())
 
 
 async def _speculative(coro: Coroutine[Any, Any, tuple[str, str]]) -> tuple[str, str] | None:
@@ -74,6 +66,8 @@ async def _speculative(coro: Coroutine[Any, Any, tuple[str, str]]) -> tuple[str,
 class VoiceEngine:
     """The real engine (contracts.VoiceEngine). `on_*` return at once; work runs in tasks."""
 
+    on_audio: Callable[[bytes], None]  # queue one uplink packet (Hearing.push)
+
     def __init__(
         self,
         ctx: EngineContext,
@@ -83,50 +77,47 @@ class VoiceEngine:
         clock: Clock | None = None,
     ) -> None:
         self._ctx = ctx
-        persona = ctx.config.persona
+        config = ctx.config
+        persona = config.persona
         self._clock = clock or LoopClock()
         self._tasks = TaskSet("voice-engine")
-        self._history = SerialRunner("voice-engine history")
-        hear_pool = hear_pool or shared_executor()
-        vad = VADSettings(persona.vad_threshold, persona.vad_threshold_low, float(persona.vad_min_silence_ms))
         self._hearing = Hearing(
-            run_cpu=CpuMill.for_executor(hear_pool).run, vad=vad, on_event=self._on_hearing,
-            clock=self._clock.now,
+            mill=CpuMill.for_executor(hear_pool or shared_executor()),
+            vad=registry.shared("vad", config.vad, **config.providers.get(f"vad.{config.vad}", {})),
+            settings=VADSettings(persona.vad_threshold, persona.vad_threshold_low, float(persona.vad_min_silence_ms)),
+            # An injected clock reaches the hearing too; the loop's own is read directly.
+            on_event=self._on_hearing, clock=None if isinstance(self._clock, LoopClock) else self._clock.now,
         )
-        self._chains = Chains(ctx.config)
+        self.on_audio = self._hearing.push  # the uplink's hot path: no hop through the engine
+        self._chains = Chains(config)
         thinker = Thinker(
-            persona=persona, device=ctx.config.device, toolset=ctx.toolset,
-            model=persona.llm_model or ctx.config.llm_model, tool_state=ctx.tool_state, clock=self._clock.now,
+            persona=persona, device=config.device, toolset=ctx.toolset,
+            model=persona.llm_model or config.llm_model, tool_state=ctx.tool_state, clock=self._clock.now,
         )
-        speak_pool = speak_pool or speech_executor()
-        self._runner = TurnRunner(ctx, self._chains, thinker, speak_pool, self._clock, self._history)
+        self._runner = TurnRunner(ctx, self._chains, thinker, speak_pool or speech_executor(), self._clock)
         self._reply: ReplyHandle | None = None
-        self._stopping: asyncio.Task[None] | None = None  # the engine's own pending `tts stop`
         self._speculation: asyncio.Task[tuple[str, str] | None] | None = None
         self._greeting_go: asyncio.Event | None = None
-        self._mode = "auto"
-        self._listening = False
+        self._listening = False  # between the device's `listen start` and `listen stop`
         self._turns = 0
         self._closed = False
-        self._exit_phrases = {normalize_phrase(p) for p in persona.exit_phrases if normalize_phrase(p)}
 
     # -- device events (from the session) ----------------------------------------------------
 
-    def on_listen_start(self, mode: str) -> None:
-        self._mode = mode
+    def on_listen_start(self) -> None:
         self._listening = True
         reply = self._reply
         if reply is not None and reply.kind != "greeting":
-            reply.interrupt("listen_start")  # the session sends the `tts stop`
+            reply.interrupt("listen_start")
         if self._greeting_go is not None:
             self._greeting_go.set()
-        self._hearing.start(mode)
+        self._hearing.start(endpointing=self._ctx.listen_mode() != "manual")
         self._sync_hearing()
         self._chains.prepare()
 
     def on_listen_stop(self) -> None:
         self._listening = False
-        if self._mode == "manual":
+        if self._ctx.listen_mode() == "manual":
             self._hearing.finish_manual()
         else:
             self._hearing.pause()
@@ -139,15 +130,14 @@ class VoiceEngine:
             go = self._greeting_go = asyncio.Event()
             self._start_reply("greeting", lambda reply: self._greet(reply, greeting, go))
 
-    def on_abort(self, reason: str | None) -> None:
+    async def interrupt(self, reason: str | None) -> None:
+        """End the running reply (if any) and return once it has ended: its `tts stop` is out."""
         reply = self._reply
         if reply is not None:
-            reply.interrupt(reason or "abort")  # the session sends the `tts stop`
+            reply.interrupt(reason or "abort")
+            await reply.wait_for_playout()
         self._cancel_speculation()
         self._sync_hearing()
-
-    def on_audio(self, opus: bytes) -> None:
-        self._hearing.push(opus)
 
     async def say(self, text: str) -> None:
         if self._closed or not text.strip():
@@ -161,7 +151,6 @@ class VoiceEngine:
             self._reply.interrupt("closing")
         await self._hearing.aclose()
         await self._tasks.aclose()
-        await self._history.aclose(HISTORY_DRAIN_S)
         await self._chains.aclose()
 
     @property
@@ -175,7 +164,7 @@ class VoiceEngine:
             return
         if isinstance(event, SpeechStarted):
             self._ctx.voice_activity()
-            if self._mode == "realtime":
+            if self._ctx.listen_mode() == "realtime":
                 self._barge_in()
         elif isinstance(event, SpeechPaused):
             self._speculate(event.utterance)
@@ -187,7 +176,7 @@ class VoiceEngine:
     def _barge_in(self) -> None:
         reply = self._reply
         if reply is not None and reply.allow_interruptions:
-            self._interrupt_own("barge_in")
+            reply.interrupt("barge_in")
 
     def _on_utterance(self, utterance: Utterance) -> None:
         self._ctx.voice_activity()
@@ -198,7 +187,8 @@ class VoiceEngine:
         """ASR on a pause, so the text is ready when the silence turns out to be the end."""
         self._cancel_speculation()
         chains = self._chains.ready
-        if chains is None or self._mode == "manual" or not chains.asr.slots or _speculations >= MAX_SPECULATIONS:
+        manual = self._ctx.listen_mode() == "manual"
+        if chains is None or manual or not chains.asr.slots or _speculations >= MAX_SPECULATIONS:
             return
         language = self._ctx.config.persona.language
         coro = _speculative(fallback.transcribe(chains.asr, utterance.pcm, utterance.sample_rate, language))
@@ -212,50 +202,40 @@ class VoiceEngine:
     # -- replies ----------------------------------------------------------------------------
 
     def _start_reply(self, kind: str, work: Work) -> ReplyHandle:
-        self._interrupt_own("superseded")
+        previous = self._reply
+        if previous is not None:
+            previous.interrupt("superseded")
         if kind == "turn":
             self._turns += 1
         reply = ReplyHandle(self._turns, kind)
         self._reply = reply
-        task = self._tasks.create(self._run_reply(reply, work), name=f"reply-{kind}")
+        task = self._tasks.create(self._run_reply(reply, work, previous), name=f"reply-{kind}")
         reply.attach(task)
         task.add_done_callback(lambda _t: self._reply_done(reply))
         self._sync_hearing()
         return reply
 
-    async def _run_reply(self, reply: ReplyHandle, work: Work) -> None:
+    async def _run_reply(self, reply: ReplyHandle, work: Work, previous: ReplyHandle | None) -> None:
+        replies = self._ctx.replies
         try:
-            if self._stopping is not None:
-                await asyncio.shield(self._stopping)  # the replaced reply's `tts stop` goes first
+            if previous is not None:
+                await asyncio.shield(previous.wait_for_playout())  # its `tts stop` goes first
+            replies.reply_started(reply.kind)
             await work(reply)
         except Exception:
             log.exception("reply failed", extra={"kind": reply.kind})
         finally:
-            # Whatever happened, the device must not be left speaking, nor the session thinking.
-            if reply.speaking and not reply.interrupted:
-                reply.speaking = False
-                await self._ctx.send(TtsStop())
-            elif not reply.interrupted and self._ctx.get_state() is SessionState.THINKING:
-                self.set_state(self.rest_state)
+            # However the reply ended, the session hears of it: it sends the `tts stop`.
+            if reply.interrupted:
+                log.info("reply interrupted", extra={"kind": reply.kind, "reason": reply.interrupt_reason})
+            await replies.reply_ended(reply.interrupted)
+            if reply.close_after and not reply.interrupted:
+                self._ctx.request_close(reply.close_after)
 
     def _reply_done(self, reply: ReplyHandle) -> None:
         if self._reply is reply:
             self._reply = None
             self._sync_hearing()
-
-    def _interrupt_own(self, reason: str) -> None:
-        """End the current reply for a reason of the engine's own; it owes the `tts stop`."""
-        reply = self._reply
-        if reply is None or reply.done or reply.interrupted:
-            return
-        reply.interrupt(reason)
-        if reply.speaking:
-            self._stopping = self._tasks.create(self._send_stop(), name="tts-stop")
-        elif self._ctx.get_state() is SessionState.THINKING:
-            self.set_state(self.rest_state)
-
-    async def _send_stop(self) -> None:
-        await self._ctx.send(TtsStop())
 
     async def _greet(self, reply: ReplyHandle, text: str, go: asyncio.Event) -> None:
         try:
@@ -268,39 +248,19 @@ class VoiceEngine:
 
     async def _turn(self, reply: ReplyHandle, utterance: Utterance, speculation: asyncio.Task[Any] | None) -> None:
         try:
-            outcome = await self._runner.run(
-                reply, utterance, speculation,
-                rest_state=lambda: self.rest_state, set_state=self.set_state, is_exit_phrase=self.is_exit_phrase,
-            )
+            outcome = await self._runner.run(reply, utterance, speculation)
         finally:
             await cancel_and_wait(speculation)
         if outcome == "exit_phrase":
-            self._ctx.request_close("exit phrase")
+            reply.close_after = "exit phrase"
         elif outcome == "spoken" and self._ctx.tool_state is not None and self._ctx.tool_state.end_requested:
-            self._ctx.request_close("end_conversation")
-
-    def is_exit_phrase(self, text: str) -> bool:
-        return normalize_phrase(text) in self._exit_phrases
-
-    # -- state ------------------------------------------------------------------------------
-
-    @property
-    def rest_state(self) -> SessionState:
-        return SessionState.IDLE if self._mode == "manual" else SessionState.LISTENING
-
-    def set_state(self, target: SessionState) -> None:
-        if self._ctx.get_state() in (target, SessionState.CLOSING):
-            return
-        try:
-            self._ctx.set_state(target)
-        except IllegalTransition:
-            log.error("engine asked for an illegal state change", exc_info=True, extra={"target": target.value})
+            reply.close_after = "end_conversation"
 
     def _sync_hearing(self) -> None:
         """Accept audio while listening, except in auto/manual mode while a reply runs."""
         reply = self._reply
         busy = reply is not None and not reply.done and not reply.interrupted
-        if self._closed or not self._listening or (busy and self._mode != "realtime"):
+        if self._closed or not self._listening or (busy and self._ctx.listen_mode() != "realtime"):
             if self._hearing.accepting:
                 self._hearing.pause()
         else:

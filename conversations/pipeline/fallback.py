@@ -34,6 +34,12 @@ DEFAULT_TIMEOUTS: dict[str, float] = {"asr": 15.0, "llm": 30.0, "tts": 10.0}
 MAX_FIRST_TOKEN_WAIT = 30.0
 
 
+class ProviderBroke(ProviderError):
+    """A provider raised something other than ProviderError after its first item: a bug in
+    it. The original exception is the `__cause__`; callers that must tell a bug from an
+    outage (the gateway answers INTERNAL_ERROR) look there."""
+
+
 class AllProvidersFailed(ProviderError):
     """Every provider of a stage failed; `last` is the final error."""
 
@@ -105,8 +111,14 @@ def provider_kwargs(configs: Mapping[str, dict[str, Any]], stage: str, kind: str
     return dict(configs.get(f"{stage}.{kind}") or configs.get(kind) or {})
 
 
-def build_chain(stage: str, kinds: list[str] | tuple[str, ...], configs: Mapping[str, dict[str, Any]]) -> ProviderChain:
-    """Instantiate the persona's list; kinds that cannot be built are skipped and logged."""
+def build_chain(
+    stage: str, kinds: list[str] | tuple[str, ...], configs: Mapping[str, dict[str, Any]], *,
+    max_first_token_wait: float | None = MAX_FIRST_TOKEN_WAIT,
+) -> ProviderChain:
+    """Instantiate the persona's list; kinds that cannot be built are skipped and logged.
+
+    An LLM slot waits for its first token at most `max_first_token_wait` seconds (None: its
+    own `timeout`, for a caller with a deadline of its own)."""
     wanted = list(dict.fromkeys(kinds))
     if stage == "tts" and LAST_RESORT_TTS not in wanted:
         wanted.append(LAST_RESORT_TTS)
@@ -118,13 +130,13 @@ def build_chain(stage: str, kinds: list[str] | tuple[str, ...], configs: Mapping
         except Exception as exc:  # unknown kind, missing option, missing binary/model
             log.warning("provider not available", extra={"stage": stage, "provider": kind, "error": str(exc)[:200]})
             continue
-        slots.append(Slot(kind, provider, _timeout(stage, kwargs)))
+        slots.append(Slot(kind, provider, _timeout(stage, kwargs, max_first_token_wait)))
     return ProviderChain(stage, slots)
 
 
-def _timeout(stage: str, kwargs: dict[str, Any]) -> float:
+def _timeout(stage: str, kwargs: dict[str, Any], max_first_token_wait: float | None) -> float:
     value = float(kwargs.get("timeout") or DEFAULT_TIMEOUTS[stage])
-    return min(value, MAX_FIRST_TOKEN_WAIT) if stage == "llm" else value
+    return min(value, max_first_token_wait) if stage == "llm" and max_first_token_wait is not None else value
 
 
 async def transcribe(chain: ProviderChain, pcm: bytes, sample_rate: int, language: str | None) -> tuple[str, str]:
@@ -200,7 +212,7 @@ async def _rest(first: T, stream: AsyncIterator[T], slot: Slot, stage: str) -> A
             except ProviderError:
                 raise
             except Exception as exc:
-                raise ProviderError(f"{slot.kind} failed mid-stream: {type(exc).__name__}") from exc
+                raise ProviderBroke(f"{slot.kind} failed mid-stream: {type(exc).__name__}") from exc
             yield item
     finally:
         await _close(stream)

@@ -5,22 +5,23 @@ barge-in, a new `listen start`, the engine closing) calls `interrupt()`; nobody 
 into the reply's tasks. The handle also guards every message the reply sends: once
 `interrupt()` has returned, nothing the reply's tasks try to send reaches the device, even
 if a task has not yet noticed its cancellation (protocol-reference §11.8).
+
+A reply never sends `tts start` or `tts stop` and never changes the session's state: it
+reports `reply_speaking()` when its first words are due, and the engine reports its start
+and end (`ReplyEvents`, contracts.py); the session decides what the device is told.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
+import re
 from concurrent.futures import Executor
 from typing import Any
 
 from conversations.pipeline import fallback, phrases
-from conversations.pipeline.config import TurnRecord
 from conversations.pipeline.contracts import EngineContext
 from conversations.pipeline.fallback import AllProvidersFailed, Chains, ProviderChain, StageChains
 from conversations.pipeline.listen import Utterance
-from conversations.pipeline.serial import SerialRunner
 from conversations.pipeline.speak import (
     TTS_START_GAP_S,
     Clock,
@@ -29,11 +30,12 @@ from conversations.pipeline.speak import (
     SpeechStats,
     SpeechStream,
 )
-from conversations.pipeline.states import SessionState
 from conversations.pipeline.text import SentenceSplitter, is_speakable, split_emotion
-from conversations.pipeline.think import EMOTION_EMOJI, EmotionGate, Thinker, Thought
+from conversations.pipeline.think import EMOTION_EMOJI, EmotionGate, Thinker
 from conversations.providers.base import ProviderError
-from devices.protocol.messages import Llm, Message, Stt, TtsStart, TtsStop
+from conversations.turns.record import TurnRecord
+from conversations.turns.tool_loop import Thought
+from devices.protocol.messages import Llm, Message, Stt
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +54,10 @@ class ReplyHandle:
 
     def __init__(self, index: int, kind: str = "turn") -> None:
         self.index = index
-        self.kind = kind  # "turn" | "say" | "greeting" | "apology"
-        self.created_at = time.monotonic()
+        self.kind = kind  # "turn" | "say" | "greeting"
         self.allow_interruptions = True
-        self.speaking = False  # `tts start` has been sent for this reply
         self.interrupt_reason = ""
+        self.close_after = ""  # set by the reply: close the session (this reason) once it ended
         self._interrupted = False
         self._task: asyncio.Task[Any] | None = None
         self._done = asyncio.Event()
@@ -109,32 +110,30 @@ class ReplyHandle:
 Outcome = str  # "empty" | "spoken" | "exit_phrase" | "apology"
 
 
+def normalize_phrase(text: str) -> str:
+    """Exit phrases match without case, punctuation or extra spaces ("Goodbye!" = "goodbye")."""
+    return " ".join(re.sub(r"[^\w\s]|_", " ", text.casefold()).split())
+
+
 def _ms(at: float | None, origin: float) -> float | None:
     return None if at is None else round((at - origin) * 1000, 1)
 
 
 class TurnRunner:
     """The wire sequence of a turn, given an utterance:
-    `stt` → `tts start` → `llm` (emotion) → per sentence `sentence_start`, frames,
-    `sentence_end` → `tts stop` after the playout; plus fixed texts (greeting, `say`,
-    farewell, apology) as `tts start` → sentences → `tts stop`.
+    `stt` → (`tts start`) → `llm` (emotion) → per sentence `sentence_start`, frames,
+    `sentence_end`, returning after the playout (the `tts stop` follows from the reply's
+    end); plus fixed texts (greeting, `say`, farewell, apology) as (`tts start`) → sentences.
 
     Every message of a reply goes through its handle's guard; the TurnRecord is handed to
-    the history runner (a background queue), never awaited on the audio path.
+    the session's hooks (which only enqueue it), never awaited on the audio path.
     """
 
-    def __init__(
-        self,
-        ctx: EngineContext,
-        chains: Chains,
-        thinker: Thinker,
-        executor: Executor,
-        clock: Clock,
-        history: SerialRunner,
-    ) -> None:
+    def __init__(self, ctx: EngineContext, chains: Chains, thinker: Thinker, executor: Executor, clock: Clock) -> None:
         self._ctx, self._chains, self._thinker = ctx, chains, thinker
-        self._executor, self._clock, self._history = executor, clock, history
+        self._executor, self._clock = executor, clock
         self._persona = ctx.config.persona
+        self._exit_phrases = {normalize_phrase(p) for p in self._persona.exit_phrases if normalize_phrase(p)}
 
     # -- a conversational turn ---------------------------------------------------------------
 
@@ -143,15 +142,10 @@ class TurnRunner:
         reply: ReplyHandle,
         utterance: Utterance,
         speculation: asyncio.Task[tuple[str, str] | None] | None,
-        *,
-        rest_state: Callable[[], SessionState],
-        set_state: Callable[[SessionState], None],
-        is_exit_phrase: Callable[[str], bool],
     ) -> Outcome:
-        record = TurnRecord(index=reply.index, timings={"speech_end": 0.0})
+        record = TurnRecord(index=reply.index, timings={"speech_end": 0.0}, session_id=self._ctx.config.session_id)
         thought = Thought()
         origin = utterance.ended_at
-        set_state(SessionState.THINKING)
         chains = await self._chains.get()
         try:
             try:
@@ -162,11 +156,10 @@ class TurnRunner:
                 await self.speak_fixed(reply, self.apology, chains.apology)
                 return "apology"
             if not text:
-                set_state(rest_state())  # nothing said: quietly back to listening
-                return "empty"
+                return "empty"  # nothing said: the reply's end takes the session back
             record.user_text = text
             await reply.guard_send(self._ctx.send)(Stt(text))
-            if is_exit_phrase(text):
+            if self.is_exit_phrase(text):
                 record.reply_text = phrases.goodbye(self._persona.farewell, self._language())
                 await self.speak_fixed(reply, record.reply_text)
                 return "exit_phrase"
@@ -178,6 +171,9 @@ class TurnRunner:
     @property
     def apology(self) -> str:
         return phrases.apology(self._language())
+
+    def is_exit_phrase(self, text: str) -> bool:
+        return normalize_phrase(text) in self._exit_phrases
 
     async def _recognize(
         self,
@@ -203,10 +199,13 @@ class TurnRunner:
         send = reply.guard_send(self._ctx.send)
         speech = self._stream(reply, chains.tts, await self._start_speaking(reply))
         gate, splitter = EmotionGate(), SentenceSplitter()
+
+        async def on_text(delta: str) -> None:
+            await self._feed(delta, gate, splitter, speech, send, record)
+
         try:
             try:
-                async for delta in self._thinker.stream(chains.llm, text, thought):
-                    await self._feed(delta, gate, splitter, speech, send, record)
+                await self._thinker.think(chains.llm, text, thought, on_text)
             except ProviderError as exc:
                 record.error = f"llm: {exc}"[:200]
                 log.warning("llm failed during a turn", extra={"error": type(exc).__name__})
@@ -219,7 +218,6 @@ class TurnRunner:
                 speech.push(record.reply_text)
             speech.end_input()
             await speech.wait_for_playout()
-            await self._stop_speaking(reply)
         finally:
             await speech.aclose()
             self._speech_timings(record, speech.stats, origin)
@@ -260,8 +258,7 @@ class TurnRunner:
         if thought.reply_text:
             self._thinker.remember(record.user_text, record.reply_text)
         if record.user_text or record.error:
-            hooks = self._ctx.hooks
-            self._history.submit(lambda: hooks.turn_finished(record))
+            self._ctx.hooks.turn_finished(record)
 
     @staticmethod
     def _speech_timings(record: TurnRecord, stats: SpeechStats, origin: float) -> None:
@@ -279,7 +276,7 @@ class TurnRunner:
     # -- fixed texts -------------------------------------------------------------------------
 
     async def speak_fixed(self, reply: ReplyHandle, text: str, chain: ProviderChain | None = None) -> SpeechStats:
-        """`tts start`, the text's sentences, `tts stop` after playout (greeting, say, farewell)."""
+        """(`tts start`), the text's sentences, returning after playout (greeting, say, farewell)."""
         chains = await self._chains.get()
         speech = self._stream(reply, chains.tts, await self._start_speaking(reply))
         try:
@@ -288,7 +285,6 @@ class TurnRunner:
                 speech.push(sentence, chain)
             speech.end_input()
             await speech.wait_for_playout()
-            await self._stop_speaking(reply)
         finally:
             await speech.aclose()
         return speech.stats
@@ -296,16 +292,11 @@ class TurnRunner:
     # -- helpers -----------------------------------------------------------------------------
 
     async def _start_speaking(self, reply: ReplyHandle) -> float:
-        """Send `tts start`; return the earliest time for the first frame (firmware race)."""
+        """Report that the reply speaks now (the session sends `tts start`); return the
+        earliest time for the first frame (the firmware resets its decoder after `tts start`)."""
         if not reply.interrupted:
-            reply.speaking = True  # set first: an interrupt during the send owes a `tts stop`
-            await self._ctx.send(TtsStart())
+            await self._ctx.replies.reply_speaking()
         return self._clock.now() + TTS_START_GAP_S
-
-    async def _stop_speaking(self, reply: ReplyHandle) -> None:
-        if reply.speaking and not reply.interrupted:
-            reply.speaking = False
-            await self._ctx.send(TtsStop())
 
     def _stream(self, reply: ReplyHandle, chain: ProviderChain, not_before: float) -> SpeechStream:
         return SpeechStream(

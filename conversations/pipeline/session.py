@@ -4,6 +4,11 @@ Plain asyncio, no Django: the consumer passes frames in (`feed_text`, `feed_byte
 implements `Transport`; persistence goes through `SessionHooks`; hearing, thinking and
 speaking belong to the engine built by `engine_factory` after the hello.
 
+The session is the one owner of the session's state (states.py) and the device's listen
+mode. The engine reads the mode and reports what its replies do (`ReplyEvents`); the
+session turns that into states and into the `tts start`/`tts stop` the device hears, one
+`tts stop` per reply, sent when the reply ends however it ends.
+
 Frame handling never waits on slow work. The hello is answered inline (the transport send
 is its only await); everything that takes time (MCP setup, DB writes, speaking) runs in
 tasks the session owns and cancels in `aclose()`. Incoming frames pass `FrameGate` first
@@ -13,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,12 +33,13 @@ from conversations.pipeline.contracts import (
     EngineContext, EngineFactory, NullEngine, NullHooks, SessionHooks, Transport, VoiceEngine,
     null_engine_factory,
 )
-from conversations.pipeline.device_tools import DeviceMcpLink, build_toolset
+from conversations.pipeline.device_mcp import DeviceMcpLink
 from conversations.pipeline.limits import FrameGate
-from conversations.pipeline.serial import SerialRunner
+from conversations.pipeline.ordered_jobs import OrderedJobs
 from conversations.pipeline.states import (
     TRANSITIONS, CloseCode, IllegalTransition, SessionState, check_transition,
 )
+from conversations.pipeline.toolset import build_toolset
 from conversations.pipeline.watchdog import Watchdog
 from devices.protocol.binary import encode_audio, negotiate_version
 from devices.protocol.codec import encode_json
@@ -78,9 +83,10 @@ class VoiceSession:
         engine_factory: EngineFactory = null_engine_factory,
         *,
         protocol_header: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
         touch_interval: float = TOUCH_INTERVAL,
     ) -> None:
+        clock = clock or asyncio.get_running_loop().time  # the loop's clock: tests can make it virtual
         self.config = config
         self.stats = SessionStats()
         self._transport = transport
@@ -92,7 +98,8 @@ class VoiceSession:
         self._version: int | None = None  # binary framing; None until the hello
         self._mode = "auto"
         self._features: dict[str, Any] = {}
-        self._tts_open = False
+        self._tts_open = False  # `tts start` sent, its `tts stop` not yet
+        self._send_failures = 0
         self._closed = False
         self._code_only = not config.device.bound and config.unbound_policy == "speak_code"
         self._code_pending = True
@@ -103,7 +110,7 @@ class VoiceSession:
             on_idle=self._on_idle, on_hard=self._on_hard, on_touch=self._on_touch,
         )
         self._tasks = TaskSet(f"session {config.session_id}")
-        self._persist = SerialRunner(f"session {config.session_id} persistence")
+        self._persist = OrderedJobs(f"session {config.session_id} persistence")
         self.toolset, self.tool_state = build_toolset(config)
         self._mcp = DeviceMcpLink(self._send_mcp, config, self.toolset, self._tools_listed)
         self._handlers: dict[type, Callable[[Any], Coroutine[Any, Any, None]]] = {
@@ -131,6 +138,11 @@ class VoiceSession:
         return self._gate.errors
 
     @property
+    def listen_mode(self) -> str:
+        """The device's listen mode ("auto", "manual", "realtime"), from its `listen start`."""
+        return self._mode
+
+    @property
     def info(self) -> SessionInfo:
         return SessionInfo(self.session_id, self.config.device.id, self._version or 1, self._mode)
 
@@ -144,9 +156,27 @@ class VoiceSession:
             await self._guard(self._feed_text(text))
 
     async def feed_bytes(self, data: bytes) -> None:
-        """One binary frame (Opus under the negotiated framing). Never raises."""
-        if self._state is not S.CLOSING:
-            await self._guard(self._feed_bytes(data))
+        """One binary frame (Opus under the negotiated framing). Never raises.
+
+        The uplink's hot path (~17 frames a second per device), so written out flat: gate
+        (flood, size, framing), then the user's audio to the engine's hearing queue."""
+        if self._state is S.CLOSING:
+            return
+        try:
+            payload = await self._gate.binary(data, self._version)
+            if payload is None:
+                return
+            # Audio is the user's turn while listening, and in realtime mode while speaking
+            # too; an unbound device hears its code and nothing it says is processed.
+            state, engine = self._state, self._engine
+            listening = state is S.LISTENING or (state is S.SPEAKING and self._mode == "realtime")
+            if listening and engine is not None and not self._code_only:
+                self.stats.audio_to_engine += 1
+                engine.on_audio(payload)
+            else:
+                self.stats.audio_dropped_in += 1
+        except Exception:
+            await self._failed()
 
     async def handle_command(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """A channel-layer command; returns the `device.mcp_result` event for mcp_call.
@@ -185,10 +215,13 @@ class VoiceSession:
         try:
             await work
         except Exception:
-            # A bug, not bad input (bad input never raises here): close instead of leaving
-            # a half-working session behind.
-            logger.exception("device session failed on a frame", extra={"session_id": self.session_id})
-            await self._close(CloseCode.INTERNAL_ERROR, "internal error")
+            await self._failed()
+
+    async def _failed(self) -> None:
+        # A bug, not bad input (bad input never raises here): close instead of leaving a
+        # half-working session behind.
+        logger.exception("device session failed on a frame", extra={"session_id": self.session_id})
+        await self._close(CloseCode.INTERNAL_ERROR, "internal error")
 
     async def _feed_text(self, text: str) -> None:
         message = await self._gate.text(text)
@@ -202,21 +235,6 @@ class VoiceSession:
             await handler(message)
         else:
             await self._gate.protocol_error("server message type sent by the device", "unknown_type")
-
-    async def _feed_bytes(self, data: bytes) -> None:
-        payload = await self._gate.binary(data, self._version)
-        if payload is None:
-            return
-        if self._accepts_audio():
-            self.stats.audio_to_engine += 1
-            self._require_engine().on_audio(payload)
-        else:
-            self.stats.audio_dropped_in += 1
-
-    def _accepts_audio(self) -> bool:
-        if self._code_only:
-            return False  # an unbound device hears its code; nothing it says is processed
-        return self._state is S.LISTENING or (self._state is S.SPEAKING and self._mode == "realtime")
 
     # -- device messages -----------------------------------------------------------------
 
@@ -255,7 +273,7 @@ class VoiceSession:
             await self._interrupt("listen_start")  # barge-in: stop the reply, then listen
         self._set_state(S.LISTENING)
         if not self._code_only:
-            self._require_engine().on_listen_start(message.mode)
+            self._require_engine().on_listen_start()
         elif self._code_pending:
             self._code_pending = False
             text = activation_text(self.config.device.activation_code, self.config.persona.language)
@@ -288,34 +306,54 @@ class VoiceSession:
         await self._close(CloseCode.NORMAL, "goodbye")
 
     async def _interrupt(self, reason: str | None) -> None:
-        """Stop the running reply; the device leaves `speaking` only on `tts stop` (gotcha 8)."""
-        self._require_engine().on_abort(reason)
-        if self._tts_open:
-            await self._send(TtsStop())
-        elif self._state is S.THINKING:
-            self._set_state(self._rest_state())
+        """Stop the running reply and wait for its end, which sends the `tts stop`: the
+        device leaves `speaking` only on `tts stop` (gotcha 8)."""
+        await self._require_engine().interrupt(reason)
 
     def _rest_state(self) -> SessionState:
         """Where the device goes after `tts stop`: idle in manual mode, listening otherwise."""
         return S.IDLE if self._mode == "manual" else S.LISTENING
 
+    # -- what the engine's replies report (contracts.ReplyEvents) ---------------------------
+
+    def reply_started(self, kind: str) -> None:
+        """A reply began; a turn's (an utterance ended) means ASR and LLM run now."""
+        if kind == "turn" and self._state is not S.CLOSING:
+            self._set_state(S.THINKING)
+
+    async def reply_speaking(self) -> None:
+        """The reply's first words are due: `tts start`, and downlink audio is allowed."""
+        if self._state is S.CLOSING or self._tts_open:
+            return
+        self._tts_open = True
+        self._set_state(S.SPEAKING)
+        await self._send(TtsStart())
+
+    async def reply_ended(self, interrupted: bool) -> None:
+        """The one place `tts stop` is sent: the reply is over, however it ended."""
+        if self._state is S.CLOSING:
+            return
+        if self._tts_open:
+            self._tts_open = False
+            self._set_state(self._rest_state())  # first: the reply's late frames are dropped
+            await self._send(TtsStop())
+        elif self._state is S.THINKING:
+            self._set_state(self._rest_state())  # nothing was said: quietly back
+
     # -- outgoing --------------------------------------------------------------------------
 
     async def _send(self, message: Message) -> None:
-        """Every JSON message to the device; keeps the state in step with `tts start/stop`."""
+        """Every JSON message to the device, with the session id filled in."""
         if self._state is S.CLOSING:
             return
         if message.session_id is None:
             message = replace(message, session_id=self.session_id)
-        if isinstance(message, TtsStart):
-            self._tts_open = True
-            self._set_state(S.SPEAKING)
-        elif isinstance(message, TtsStop):
-            if not self._tts_open:
-                return  # already stopped (e.g. by an abort): the device ignores it anyway
-            self._tts_open = False
-            self._set_state(self._rest_state())
         await self._send_raw(encode_json(message))
+
+    async def _engine_send(self, message: Message) -> None:
+        if isinstance(message, TtsStart | TtsStop):
+            raise ValueError("tts start/stop are the session's: report reply_speaking()/reply_ended()")
+        await self._send(message)
 
     async def _send_audio(self, opus: bytes) -> None:
         if self._state is not S.SPEAKING or self._version is None:
@@ -334,8 +372,13 @@ class VoiceSession:
                 await self._transport.send_text(frame)
             else:
                 await self._transport.send_bytes(frame)
-        except Exception:
-            logger.warning("send to device failed", exc_info=True, extra={"session_id": self.session_id})
+        except Exception as exc:
+            # The socket is going away; the disconnect cleans up. Once per session is enough.
+            self._send_failures += 1
+            level = logging.WARNING if self._send_failures == 1 else logging.DEBUG
+            logger.log(level, "send to device failed", extra={
+                "session_id": self.session_id, "error": type(exc).__name__, "failures": self._send_failures,
+            })
 
     async def _close(self, code: int, reason: str) -> None:
         if self._state is S.CLOSING:
@@ -353,10 +396,9 @@ class VoiceSession:
 
     def _engine_context(self) -> EngineContext:
         return EngineContext(
-            config=self.config, toolset=self.toolset, send=self._send,
-            send_audio=self._send_audio, set_state=self._engine_set_state,
-            get_state=lambda: self._state, hooks=self._hooks,
-            voice_activity=self._watchdog.activity, request_close=self._request_close,
+            config=self.config, toolset=self.toolset, send=self._engine_send,
+            send_audio=self._send_audio, replies=self, listen_mode=lambda: self._mode,
+            hooks=self._hooks, voice_activity=self._watchdog.activity, request_close=self._request_close,
             tool_state=self.tool_state,
         )
 
@@ -371,12 +413,6 @@ class VoiceSession:
             self._state = target
             logger.info("device session state changed",
                         extra={"session_id": self.session_id, "from": current.value, "to": target.value})
-
-    def _engine_set_state(self, target: SessionState) -> None:
-        if target is S.CLOSING:
-            self._request_close("engine")  # closing needs the socket closed, not just a state
-        else:
-            self._set_state(target)
 
     def _request_close(self, reason: str) -> None:
         if self._state is not S.CLOSING and not self._closed:

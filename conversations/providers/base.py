@@ -1,4 +1,4 @@
-"""Contracts for the pluggable pipeline stages.
+"""Contracts for the pluggable pipeline stages: VAD, ASR, LLM, TTS.
 
 Providers are plain async Python: no ORM, no Django settings. They receive their
 configuration as keyword arguments from `registry.build` and fail with ProviderError, which
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class ProviderError(Exception):
@@ -36,6 +36,33 @@ class LLMDelta:
 
     text: str = ""
     tool_calls: list[ToolCall] | None = field(default=None)
+
+
+class VADStream(Protocol):
+    """One session's VAD state (recurrent state, samples short of a window)."""
+
+    def reset(self) -> None:
+        """Forget the audio so far (a new `listen start`)."""
+
+
+@runtime_checkable
+class VAD(Protocol):
+    """Voice activity: a speech probability per window of 16 kHz s16 mono audio.
+
+    Batched by contract: one `probabilities` call carries the new audio of many streams
+    (sessions), so a model can serve them in shared runs. It is blocking CPU work, called
+    from the pipeline's CPU pool (never the event loop), for a stream by one job at a time.
+    One provider serves the whole process (`registry.shared`).
+    """
+
+    name: str
+    window_ms: float
+
+    def stream(self) -> VADStream:
+        """State for one more stream."""
+
+    def probabilities(self, work: list[tuple[Any, bytes]]) -> list[list[float]]:
+        """For each (stream, pcm): a probability per window completed by `pcm`, in order."""
 
 
 @runtime_checkable

@@ -6,11 +6,12 @@ import time
 
 from channels.db import database_sync_to_async
 
-from conversations.models import Conversation
+from devices.models import Device
 
 
 async def session_recorded_closed(session_id: str, timeout: float = 10.0) -> None:
-    """Wait until the server wrote its last row for the session (presence offline, end).
+    """Wait until the server wrote its last row for a device session: presence offline,
+    written after the session's history (its last turns and the conversation's end).
 
     The server outlives the test; its disconnect writes must not race the table flush
     that ends each transactional test (PostgreSQL would deadlock TRUNCATE against them).
@@ -18,8 +19,8 @@ async def session_recorded_closed(session_id: str, timeout: float = 10.0) -> Non
     if not session_id:
         return  # no hello answered: the server never writes for such a socket
     deadline = time.monotonic() + timeout
-    ended = Conversation.objects.filter(session_id=session_id, ended_at__isnull=False)
-    while not await database_sync_to_async(ended.exists)():
+    offline = Device.objects.filter(session_id=session_id, is_online=False)
+    while not await database_sync_to_async(offline.exists)():
         if time.monotonic() > deadline:
             raise AssertionError("the server did not record the end of the session")
         await asyncio.sleep(0.05)

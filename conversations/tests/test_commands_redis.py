@@ -14,12 +14,13 @@ import pytest
 from channels.db import database_sync_to_async
 from django.db import connection
 
+from conversations.tests.factories import PersonaFactory
 from devices.commands import DeviceToolError, adevice_mcp_call, adevice_send_command
 from devices.models import Device
 from devices.services import device_token_issue
-from devices.simulator import DeviceMcpServer
-from devices.simulator.device import SimulatedDevice
-from devices.tests.factories import BoundDeviceFactory, PersonaFactory
+from devices.tests.factories import BoundDeviceFactory
+from simulator import DeviceMcpServer
+from simulator.device import SimulatedDevice
 from testing.server import BASE_DIR, AsgiServer, database_url
 
 IDLE_LAYER_SECONDS = 6.5

@@ -24,6 +24,7 @@ from conversations.consumers import DeviceConsumer
 from conversations.models import Conversation
 from conversations.pipeline.states import MAX_PROTOCOL_ERRORS
 from conversations.routing import websocket_urlpatterns
+from conversations.tests.fakes import MCP_HELLO, PLAIN_HELLO
 from devices.admin_actions import (
     alert_devices,
     call_device_tool,
@@ -35,17 +36,13 @@ from devices.commands import DeviceOffline, DeviceToolError, adevice_mcp_call, a
 from devices.models import Device
 from devices.protocol.messages import EMOTIONS
 from devices.services import device_token_issue
-from devices.simulator.mcp_server import DeviceMcpServer
 from devices.tests.factories import BoundDeviceFactory, DeviceFactory
 from devices.vision import vision_token_issue
+from simulator.mcp_server import DeviceMcpServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 APP = URLRouter(websocket_urlpatterns)
-HELLO = ('{"type":"hello","version":1,"features":%s,"transport":"websocket",'
-         '"audio_params":{"format":"opus","sample_rate":16000,"channels":1,"frame_duration":60}}')
-PLAIN_HELLO = HELLO % "{}"
-MCP_HELLO = HELLO % '{"mcp":true}'
 
 
 def headers_for(device: Device, token: str | None = None, **override: str | None) -> list[tuple[bytes, bytes]]:
@@ -176,7 +173,8 @@ async def test_unbound_devices_get_1013_once_their_share_of_slots_is_taken(
     await session_of(device, sockets)  # a bound device still gets in
 
 
-async def test_presence_and_conversation_follow_the_session(device: Device, sockets: list) -> None:
+async def test_presence_follows_the_session_and_a_silent_session_leaves_no_conversation(
+        device: Device, sockets: list) -> None:
     communicator = await session_of(device, sockets)
     for _ in range(50):
         await database_sync_to_async(device.refresh_from_db)()
@@ -185,14 +183,12 @@ async def test_presence_and_conversation_follow_the_session(device: Device, sock
         await asyncio.sleep(0.02)
     assert device.is_online
     session_id = device.session_id
-    started = Conversation.objects.filter(session_id=session_id, device=device, source="device")
-    assert await database_sync_to_async(started.exists)()
     await communicator.disconnect()
     sockets.remove(communicator)
     await database_sync_to_async(device.refresh_from_db)()
     assert not device.is_online and device.last_seen_at is not None
-    conversation = await database_sync_to_async(Conversation.objects.get)(session_id=session_id)
-    assert conversation.ended_at is not None
+    # A conversation row is created with its first turn (issue 11): none for a session without one.
+    assert not await Conversation.objects.filter(session_id=session_id).aexists()
 
 
 # -- bad input ------------------------------------------------------------------------------

@@ -18,18 +18,16 @@ from channels.db import database_sync_to_async
 
 from conversations.models import Conversation
 from conversations.tests.e2e import session_recorded_closed
+from conversations.tests.fakes import PLAIN_HELLO
 from devices.models import Device
 from devices.services import device_token_issue
-from devices.simulator import DeviceMcpServer
-from devices.simulator.device import DeviceError, SimulatedDevice
 from devices.tests.factories import BoundDeviceFactory
+from simulator import DeviceMcpServer
+from simulator.device import DeviceError, SimulatedDevice
 from testing.fake_openai import FakeOpenAI, Reply
 from testing.server import AsgiServer, database_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-HELLO = ('{"type":"hello","version":1,"features":{},"transport":"websocket",'
-         '"audio_params":{"format":"opus","sample_rate":16000,"channels":1,"frame_duration":60}}')
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +77,7 @@ async def closed(sim: SimulatedDevice) -> tuple[int, str]:
 
 async def alive(sim: SimulatedDevice) -> bool:
     mark = sim.mark()
-    await sim.send_raw_text(HELLO)
+    await sim.send_raw_text(PLAIN_HELLO)
     await sim.wait_for("hello", since=mark, timeout=3)
     return True
 

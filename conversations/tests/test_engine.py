@@ -1,112 +1,37 @@
-"""VoiceEngine behind the real VoiceSession, with fake providers and a recording transport.
+"""VoiceEngine behind the real VoiceSession, with fake providers and a recording transport,
+on a virtual-time event loop (testing/virtual_time.py).
 
 The session (protocol, state machine) and the engine (real Opus, real Silero VAD on espeak
 speech) are the real code; only the ASR/LLM/TTS are the zero-latency fakes of
 testing/fake_providers.py and the socket is a recorder. Assertions are about what reaches
-the device and in which order, plus the turn records handed to the hooks.
+the device and in which order, plus the turn records handed to the hooks. Paced replies of
+seconds take no real time, and "nothing was sent after X" covers every timer that was due.
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 import testing.fake_providers  # noqa: F401 - registers the fake provider kinds
-from conversations.pipeline.config import DeviceInfo, PersonaConfig, SessionConfig, SessionInfo, TurnRecord
+from conversations.pipeline.config import DeviceInfo, PersonaConfig, SessionConfig
 from conversations.pipeline.engine import VoiceEngine, normalize_phrase
 from conversations.pipeline.session import VoiceSession
 from conversations.pipeline.states import SessionState
-from devices.protocol.codec import decode_json
-from devices.protocol.messages import Llm, Message, Stt, TtsSentenceStart, TtsStop
+from conversations.tests.fakes import PLAIN_HELLO, RecordingHooks, RecordingTransport, Sent, listen, until
+from devices.protocol.messages import Llm, Stt, TtsSentenceStart, TtsStop
 from testing.speech import opus_packets, silence, speak
 
-HELLO = json.dumps({
-    "type": "hello", "version": 1, "features": {"mcp": False}, "transport": "websocket",
-    "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60},
-})
-FAST_VAD = {"vad_min_silence_ms": 300}
-
-
-def listen(state: str, **extra: str) -> str:
-    return json.dumps({"session_id": "", "type": "listen", "state": state, **extra})
-
-
-@dataclass
-class Sent:
-    at: float
-    message: Message | None = None
-    audio: bytes | None = None
-
-
-class RecordingTransport:
-    def __init__(self) -> None:
-        self.sent: list[Sent] = []
-        self.closed: tuple[int, str] | None = None
-
-    async def send_text(self, text: str) -> None:
-        self.sent.append(Sent(time.monotonic(), message=decode_json(text)))
-
-    async def send_bytes(self, data: bytes) -> None:
-        self.sent.append(Sent(time.monotonic(), audio=data))
-
-    async def close(self, code: int, reason: str) -> None:
-        self.closed = (code, reason)
-
-    def messages(self) -> list[Message]:
-        return [s.message for s in self.sent if s.message is not None]
-
-    def kinds(self) -> list[str]:
-        """Compact wire log: message class names, audio runs collapsed to "audio"."""
-        out: list[str] = []
-        for s in self.sent:
-            name = "audio" if s.audio is not None else type(s.message).__name__
-            if not (name == "audio" and out and out[-1] == "audio"):
-                out.append(name)
-        return out
-
-
-@dataclass
-class RecordingHooks:
-    turns: list[TurnRecord] = field(default_factory=list)
-
-    async def session_started(self, info: SessionInfo) -> None: ...
-
-    async def tools_listed(self, server_info: dict, tools: list[dict]) -> None: ...
-
-    async def turn_finished(self, turn: TurnRecord) -> None:
-        self.turns.append(turn)
-
-    async def session_closed(self, info: SessionInfo) -> None: ...
-
-    async def touch(self) -> None: ...
-
-
-class FastClock:
-    """Engine time running `factor` times faster than real time, so paced replies (seconds
-    of audio) play out in a fraction of that; order and relative timing are unchanged."""
-
-    def __init__(self, factor: float) -> None:
-        self.factor = factor
-        self._origin = time.monotonic()
-
-    def now(self) -> float:
-        return self._origin + (time.monotonic() - self._origin) * self.factor
-
-    async def sleep_until(self, deadline: float) -> None:
-        delay = (deadline - self.now()) / self.factor
-        if delay > 0:
-            await asyncio.sleep(delay)
+pytestmark = pytest.mark.virtual_time
 
 
 class Rig:
     """A session + engine under test, driven like a device would drive it."""
 
-    def __init__(self, persona: PersonaConfig, providers: dict[str, dict[str, Any]], speedup: float = 10.0) -> None:
-        self.clock = FastClock(speedup)
+    def __init__(self, persona: PersonaConfig, providers: dict[str, dict[str, Any]]) -> None:
         config = SessionConfig(
             session_id="7f1c2d3e-0000-4000-8000-000000000001",
             device=DeviceInfo(id=1, mac="aa:bb:cc:dd:ee:ff", name="desk"),
@@ -118,7 +43,7 @@ class Rig:
         self.session = VoiceSession(self.transport, config, self.hooks, self._factory)
 
     def _factory(self, ctx: Any) -> VoiceEngine:
-        engine = VoiceEngine(ctx, clock=self.clock)
+        engine = VoiceEngine(ctx)
         self.engines.append(engine)
         return engine
 
@@ -128,7 +53,7 @@ class Rig:
 
     async def connect(self) -> None:
         await self.session.start()
-        await self.session.feed_text(HELLO)
+        await self.session.feed_text(PLAIN_HELLO)
 
     async def say_words(self, text: str, trailing_ms: int = 900) -> None:
         """Stream espeak speech as Opus, faster than real time but never overflowing."""
@@ -138,14 +63,10 @@ class Rig:
             await asyncio.sleep(0.001)
 
     async def wait_for(self, predicate: Any, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out; wire so far: {self.transport.kinds()}")
-            await asyncio.sleep(0.005)
+        await until(predicate, timeout, what=lambda: f"wire so far: {self.transport.kinds()}")
 
     def count(self, kind: type) -> int:
-        return sum(isinstance(m, kind) for m in self.transport.messages())
+        return self.transport.count(kind)
 
     async def close(self) -> None:
         await self.session.aclose()
@@ -170,10 +91,8 @@ PROVIDERS: dict[str, dict[str, Any]] = {
 async def rig() -> Any:
     rigs: list[Rig] = []
 
-    async def make(
-        persona: PersonaConfig | None = None, providers: dict[str, dict[str, Any]] | None = None, speedup: float = 10.0
-    ) -> Rig:
-        r = Rig(persona or make_persona(), {**PROVIDERS, **(providers or {})}, speedup)
+    async def make(persona: PersonaConfig | None = None, providers: dict[str, dict[str, Any]] | None = None) -> Rig:
+        r = Rig(persona or make_persona(), {**PROVIDERS, **(providers or {})})
         rigs.append(r)
         await r.connect()
         return r
@@ -193,7 +112,7 @@ async def test_it_answers_an_utterance_in_wire_order(rig: Any) -> None:
         "Stt", "TtsStart", "Llm", "TtsSentenceStart", "audio", "TtsSentenceEnd",
         "TtsSentenceStart", "audio", "TtsSentenceEnd", "TtsStop",
     ]
-    messages = r.transport.messages()
+    messages = r.transport.decoded()
     assert next(m for m in messages if isinstance(m, Stt)).text == "turn on the kitchen light"
     assert next(m for m in messages if isinstance(m, Llm)).emotion == "happy"
     subtitles = [m.text for m in messages if isinstance(m, TtsSentenceStart)]
@@ -219,9 +138,7 @@ def assert_spoken_block(kinds: list[str]) -> None:
 
 def audio_after(r: Rig, kind: type) -> list[Sent]:
     """Everything sent after the first message of `kind`."""
-    sent = r.transport.sent
-    index = next(i for i, s in enumerate(sent) if isinstance(s.message, kind))
-    return sent[index + 1 :]
+    return r.transport.after(kind)
 
 
 class SlowTool:
@@ -352,7 +269,7 @@ async def test_when_every_llm_fails_the_device_hears_an_apology_and_listens_agai
     kinds = r.transport.kinds()
     assert kinds[kinds.index("Stt") : kinds.index("Llm") + 1] == ["Stt", "TtsStart", "Llm"]
     assert_spoken_block(["TtsStart", *kinds[kinds.index("Llm") + 1 :]])
-    subtitle = next(m for m in r.transport.messages() if isinstance(m, TtsSentenceStart))
+    subtitle = next(m for m in r.transport.decoded() if isinstance(m, TtsSentenceStart))
     assert subtitle.text.startswith("Sorry")
     await r.wait_for(lambda: len(r.hooks.turns) == 1)
     turn = r.hooks.turns[0]
@@ -420,7 +337,7 @@ async def test_the_wake_word_is_greeted_and_mutes_vad_for_a_moment(rig: Any) -> 
 
 
 async def test_audio_right_after_the_wake_word_is_ignored(rig: Any) -> None:
-    r = await rig(speedup=1.0)  # the mute window is engine time
+    r = await rig()  # the mute window is engine time (virtual)
     await r.session.feed_text(listen("detect", text="hey xiaozhi"))
     await r.session.feed_text(listen("start", mode="auto"))
     await r.say_words("turn on the kitchen light", trailing_ms=300)
@@ -442,8 +359,8 @@ async def test_emoji_and_markdown_never_reach_the_subtitles(rig: Any) -> None:
     await r.session.feed_text(listen("start", mode="auto"))
     await r.say_words("turn on the kitchen light")
     await r.wait_for(lambda: r.count(TtsStop) == 1)
-    assert next(m for m in r.transport.messages() if isinstance(m, Llm)).emotion == "neutral"
-    subtitles = [m.text for m in r.transport.messages() if isinstance(m, TtsSentenceStart)]
+    assert next(m for m in r.transport.decoded() if isinstance(m, Llm)).emotion == "neutral"
+    subtitles = [m.text for m in r.transport.decoded() if isinstance(m, TtsSentenceStart)]
     assert subtitles == ["Done!", "The light is on."]
 
 
@@ -451,27 +368,3 @@ def test_exit_phrases_match_without_case_or_punctuation() -> None:
     assert normalize_phrase(" Goodbye! ") == normalize_phrase("goodbye")
     assert normalize_phrase("再见。") == "再见"
     assert normalize_phrase("good bye") != normalize_phrase("goodbye")
-
-
-async def test_the_cpu_mill_groups_pending_jobs_and_isolates_failures() -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from conversations.pipeline.cpu import CpuMill
-
-    pool = ThreadPoolExecutor(1)
-    mill = CpuMill(pool, max_inflight=1)
-    ran: list[int] = []
-
-    def job(n: int) -> int:
-        ran.append(n)
-        if n == 3:
-            raise ValueError("bad packet")
-        return n * 10
-
-    futures = [mill.run(lambda n=n: job(n)) for n in range(6)]
-    results = await asyncio.gather(*futures, return_exceptions=True)
-    assert results[:3] == [0, 10, 20] and isinstance(results[3], ValueError) and results[4:] == [40, 50]
-    assert ran == list(range(6))  # submission order, one thread
-    pool.shutdown()
-    with pytest.raises(RuntimeError):
-        await mill.run(lambda: 1)

@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 from conversations.gateway.consumer import PROCESS
 from conversations.models import Conversation, Turn
+from conversations.pipeline.fallback import ProviderChain, Slot
 from conversations.providers.base import LLMDelta
 from conversations.routing import websocket_urlpatterns
 from testing.fake_openai import Call, FakeOpenAI, Reply
@@ -238,7 +239,7 @@ async def test_every_error_code_of_the_seed_reaches_the_client(
     for name, value in overrides.items():
         setattr(gateway_settings, name, value)
     if code == "INTERNAL_ERROR":
-        monkeypatch.setattr(PROCESS, "llm_factory", BrokenLLM)
+        monkeypatch.setattr(PROCESS, "llm_factory", lambda: ProviderChain("llm", [Slot("broken", BrokenLLM(), 60.0)]))
     socket = await open_socket()
     await connected(socket)
     error = await scenario(socket, fake)

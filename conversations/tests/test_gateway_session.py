@@ -13,20 +13,15 @@ from typing import Any
 
 import pytest
 
-from conversations.gateway.history import HistoryWriter, PendingTurn
-from conversations.gateway.protocol import ErrorCode, GatewayError
-from conversations.gateway.config import (
-    CLOSE_IDLE,
-    CLOSE_TAKEN_OVER,
-    CLOSE_TOO_BIG,
-    SERVER_TOOLS,
-    GatewayConfig,
-    TurnRecord,
-)
+from conversations.gateway.protocol import CLOSE_IDLE, CLOSE_TAKEN_OVER, CLOSE_TOO_BIG, ErrorCode, GatewayError
 from conversations.gateway.session import GatewaySession
+from conversations.gateway.session_config import SERVER_TOOLS, GatewayConfig
 from conversations.gateway.store import ChatOptions, SessionStore
-from conversations.providers.base import LLMDelta
+from conversations.pipeline.fallback import ProviderChain, Slot
+from conversations.providers.base import LLM, LLMDelta
 from conversations.providers.llm.openai_compat import OpenAILLM
+from conversations.turns.history import ConversationKey, HistoryWriter, PendingTurn
+from conversations.turns.record import TurnRecord
 from testing.fake_openai import Call, FakeOpenAI, Reply
 from tools.builtin import SessionToolState
 
@@ -90,14 +85,15 @@ class Hooks:
 class Gateway:
     """A store, an LLM and the sessions opened on them in one test."""
 
-    def __init__(self, llm: OpenAILLM) -> None:
+    def __init__(self, llm: LLM) -> None:
         self.llm = llm
         self.store = SessionStore(timeout=60, cleanup_interval=60)
         self.sessions: list[GatewaySession] = []
 
     async def open(self, **config: Any) -> tuple[GatewaySession, Client, Hooks]:
         client, hooks = Client(), Hooks()
-        session = GatewaySession(client, replace(CONFIG, **config), self.store, self.llm, hooks)
+        chain = ProviderChain("llm", [Slot("openai", self.llm, timeout=60.0)])  # as gateway_llm_chain() builds it
+        session = GatewaySession(client, replace(CONFIG, **config), self.store, chain, hooks)
         self.sessions.append(session)
         await session.start()
         connected = await client.next()
@@ -663,29 +659,33 @@ def test_history_drops_the_oldest_messages_and_starts_with_a_question() -> None:
     assert record.history == [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
 
 
+GATEWAY_S = ConversationKey("s", "gateway", client_address="127.0.0.1:1")
+
+
 async def test_the_history_writer_stores_a_burst_in_one_write_and_flushes_on_close() -> None:
     batches: list[tuple[list[int], list[str]]] = []
 
-    async def flush(turns: list[PendingTurn], ended: list[str]) -> None:
-        batches.append(([p.turn.index for p in turns], ended))
+    async def flush(turns: list[PendingTurn], ended: list[ConversationKey]) -> None:
+        batches.append(([p.turn.index for p in turns], [key.session_id for key in ended]))
 
     writer = HistoryWriter(flush, linger=0.05)
-    writer.start()
     for n in range(3):
-        writer.add_turn(TurnRecord(session_id="s", index=n, user_text="hi"), "127.0.0.1:1")
+        writer.add_turn(GATEWAY_S, TurnRecord(session_id="s", index=n, user_text="hi"))
     await asyncio.sleep(0.2)
-    writer.add_turn(TurnRecord(session_id="s", index=3, user_text="bye"), "127.0.0.1:1")
-    writer.end_session("s")
+    writer.add_turn(GATEWAY_S, TurnRecord(session_id="s", index=3, user_text="bye"))
+    writer.end_conversation(GATEWAY_S)
     await writer.aclose()
     assert batches == [([0, 1, 2], []), ([3], ["s"])]
 
 
 async def test_a_failing_history_write_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
-    async def flush(turns: list[PendingTurn], ended: list[str]) -> None:
+    async def flush(turns: list[PendingTurn], ended: list[ConversationKey]) -> None:
         raise RuntimeError("database is down")
 
-    writer = HistoryWriter(flush, linger=0.01, limit=1)
-    writer.add_turn(TurnRecord(session_id="s", index=0, user_text="hi"), "")
-    writer.add_turn(TurnRecord(session_id="s", index=1, user_text="hi"), "")  # over the limit
+    writer = HistoryWriter(flush, linger=0.01, limit=1, retry_delays=(0.01,))
+    writer.add_turn(GATEWAY_S, TurnRecord(session_id="s", index=0, user_text="hi"))
+    writer.add_turn(GATEWAY_S, TurnRecord(session_id="s", index=1, user_text="hi"))  # over the limit
     await writer.aclose()
-    assert writer.dropped == 1 and "gateway history write failed" in caplog.text
+    assert writer.dropped == 1
+    [failed] = [r for r in caplog.records if r.getMessage() == "history write failed, turns dropped"]
+    assert failed.levelname == "ERROR" and failed.turns == 1  # type: ignore[attr-defined]

@@ -20,8 +20,9 @@ from django.utils import timezone
 
 from conversations.pipeline.phrases import apology
 from devices.models import ActivationCode, Device
-from devices.simulator.device import SimulatedDevice
-from devices.tests.factories import BoundDeviceFactory, DeviceFactory, PersonaFactory, mac_for
+from simulator.device import SimulatedDevice
+from conversations.tests.factories import PersonaFactory
+from devices.tests.factories import BoundDeviceFactory, DeviceFactory, mac_for
 from testing.fake_openai import Call, FakeOpenAI, Reply
 from testing.server import AsgiServer, database_url
 from testing.speech import silence, speak

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conversations.pipeline import listen
-from conversations.pipeline.cpu import CpuMill
+from conversations.pipeline import endpointing, listen
+from conversations.pipeline.cpu_pool import CpuMill
 from conversations.pipeline.listen import (
     BYTES_PER_MS,
     PREROLL_MS,
@@ -21,6 +21,8 @@ from conversations.pipeline.listen import (
     SpeechStopped,
     VADSettings,
 )
+from conversations.providers import registry
+from conversations.providers.vad.silero import SileroVAD
 from testing.speech import opus_packets, silence, speak
 
 
@@ -35,8 +37,8 @@ class Ears:
     def __init__(self, executor: Any, min_silence_ms: float = 400.0, **kw: Any) -> None:
         self.events: list[HearingEvent] = []
         self.hearing = Hearing(
-            run_cpu=CpuMill.for_executor(executor).run, vad=VADSettings(0.5, 0.3, min_silence_ms),
-            on_event=self.events.append, **kw,
+            mill=CpuMill.for_executor(executor), vad=registry.shared("vad", "silero"),
+            settings=VADSettings(0.5, 0.3, min_silence_ms), on_event=self.events.append, **kw,
         )
 
     async def feed(self, pcm: bytes) -> None:
@@ -72,7 +74,7 @@ def rms(pcm: bytes) -> float:
 async def test_it_finds_an_utterance_and_keeps_the_first_syllable(executor: Any) -> None:
     ears = Ears(executor)
     speech = speak("turn on the kitchen light")
-    ears.hearing.start("auto")
+    ears.hearing.start(endpointing=True)
     await ears.feed(silence(16000, 1000) + speech + silence(16000, 1000))
     assert ears.kinds()[0] == "SpeechStarted" and ears.kinds()[-1] == "SpeechStopped"
     assert ears.kinds().count("SpeechStopped") == 1
@@ -85,7 +87,7 @@ async def test_it_finds_an_utterance_and_keeps_the_first_syllable(executor: Any)
 
 async def test_a_pause_is_reported_and_speech_resuming_cancels_it(executor: Any) -> None:
     ears = Ears(executor, min_silence_ms=700)
-    ears.hearing.start("auto")
+    ears.hearing.start(endpointing=True)
     pcm = silence(16000, 500) + speak("one two three") + silence(16000, 450) + speak("four five")
     await ears.feed(pcm + silence(16000, 1200))
     kinds = ears.kinds()
@@ -100,7 +102,7 @@ async def test_a_pause_is_reported_and_speech_resuming_cancels_it(executor: Any)
 
 async def test_manual_mode_hands_over_everything_at_listen_stop(executor: Any) -> None:
     ears = Ears(executor)
-    ears.hearing.start("manual")
+    ears.hearing.start(endpointing=False)
     pcm = speak("turn on the kitchen light") + silence(16000, 1500)
     await ears.feed(pcm)
     assert ears.events == []  # no endpointing in manual mode
@@ -116,7 +118,7 @@ async def test_a_full_queue_drops_and_counts_packets(executor: Any) -> None:
     slow_pool = ThreadPoolExecutor(1)
     slow_pool.submit(blocker.wait)
     ears = Ears(slow_pool, queue_packets=5)
-    ears.hearing.start("auto")
+    ears.hearing.start(endpointing=True)
     for packet in opus_packets(silence(16000, 1200)):  # 20 packets, no await in between
         ears.hearing.push(packet)
     assert ears.hearing.dropped == 15
@@ -130,7 +132,7 @@ async def test_audio_is_ignored_while_muted_or_not_listening(executor: Any) -> N
     packets = opus_packets(silence(16000, 600))
     for packet in packets:
         ears.hearing.push(packet)  # before any listen start
-    ears.hearing.start("auto")
+    ears.hearing.start(endpointing=True)
     ears.hearing.mute(10.0)
     for packet in packets:
         ears.hearing.push(packet)
@@ -141,7 +143,7 @@ async def test_audio_is_ignored_while_muted_or_not_listening(executor: Any) -> N
 
 async def test_invalid_packets_are_counted_and_hearing_goes_on(executor: Any) -> None:
     ears = Ears(executor)
-    ears.hearing.start("auto")
+    ears.hearing.start(endpointing=True)
     ears.hearing.push(b"\x0b\xff\xff")  # libopus: "corrupted stream"
     await ears.feed(silence(16000, 500) + speak("hello there") + silence(16000, 800))
     assert ears.hearing.invalid == 1
@@ -151,18 +153,18 @@ async def test_invalid_packets_are_counted_and_hearing_goes_on(executor: Any) ->
 
 async def test_listen_start_forgets_audio_from_before(executor: Any) -> None:
     ears = Ears(executor)
-    ears.hearing.start("auto")
+    ears.hearing.start(endpointing=True)
     await ears.feed(silence(16000, 300) + speak("turn on the kitchen"))  # cut off mid-utterance
-    ears.hearing.start("auto")
+    ears.hearing.start(endpointing=True)
     await ears.feed(silence(16000, 900))
     assert "SpeechStopped" not in ears.kinds()  # the old half-utterance never completes
     await ears.hearing.aclose()
 
 
 async def test_a_monologue_is_cut_at_the_utterance_limit(executor: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(listen, "MAX_UTTERANCE_MS", 1500)
+    monkeypatch.setattr(endpointing, "MAX_UTTERANCE_MS", 1500)
     ears = Ears(executor)
-    ears.hearing.start("auto")
+    ears.hearing.start(endpointing=True)
     await ears.feed(silence(16000, 300) + speak("this is a long monologue without any pause at all"))
     stops = ears.utterances()
     # checked once per batch, so the cut may overshoot by up to one batch
@@ -172,23 +174,20 @@ async def test_a_monologue_is_cut_at_the_utterance_limit(executor: Any, monkeypa
 
 
 
-def test_batched_vad_matches_silero_stream_window_for_window() -> None:
-    from conversations.pipeline.cpu import BatchedSilero, VadStream
-    from conversations.providers.vad.silero import SileroStream
-
+def test_batched_vad_matches_each_stream_alone_window_for_window() -> None:
     clips = [speak("turn on the kitchen light") + silence(16000, 300), silence(16000, 200) + speak("hello there")]
     chunk = 1920  # one 60 ms packet
+    vad = SileroVAD()
+    vad.SILENCE_PEAK = 0.0  # compare the model itself, without the silence gate
     expected = []
     for clip in clips:
-        reference = SileroStream()
-        expected.append([p for i in range(0, len(clip), chunk) for p in reference.probabilities(clip[i : i + chunk])])
-    runner = BatchedSilero()
-    runner.SILENCE_PEAK = 0.0  # compare the model itself, without the silence gate
-    streams = [VadStream(), VadStream()]
+        alone = vad.stream()
+        expected.append([p for i in range(0, len(clip), chunk) for p in alone.probabilities(clip[i : i + chunk])])
+    streams = [vad.stream(), vad.stream()]
     got: list[list[float]] = [[], []]
     for i in range(0, max(len(c) for c in clips), chunk):  # both sessions in the same runs
-        windows = [s.windows(c[i : i + chunk]) for s, c in zip(streams, clips, strict=True)]
-        for out, probs in zip(got, runner.run(streams, windows), strict=True):
+        work = [(s, c[i : i + chunk]) for s, c in zip(streams, clips, strict=True)]
+        for out, probs in zip(got, vad.probabilities(work), strict=True):
             out.extend(probs)
     for want, have in zip(expected, got, strict=True):
         assert len(have) == len(want)

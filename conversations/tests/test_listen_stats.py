@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from conversations.pipeline.cpu import CpuMill
+from conversations.pipeline.cpu_pool import CpuMill
 from conversations.pipeline.listen import Hearing, LagHistogram, VADSettings
+from conversations.providers import registry
 from testing.speech import opus_packets, silence, speak
 
 
@@ -34,8 +35,9 @@ def test_the_lag_histogram_gives_bucket_upper_edges_and_the_max() -> None:
 async def test_every_heard_packet_gets_a_lag_and_the_figures_are_logged_at_close(
     executor: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    hearing = Hearing(run_cpu=CpuMill.for_executor(executor).run, vad=VADSettings(), on_event=lambda _e: None)
-    hearing.start("auto")
+    hearing = Hearing(mill=CpuMill.for_executor(executor), vad=registry.shared("vad", "silero"),
+                      settings=VADSettings(), on_event=lambda _e: None)
+    hearing.start(endpointing=True)
     packets = opus_packets(silence(16000, 300) + speak("hello there") + silence(16000, 300))
     for packet in packets:
         hearing.push(packet)

@@ -16,10 +16,9 @@ from django.core.files.storage import default_storage
 from conversations.capture import AttemptLog, AudioTrack, TurnAudio, attempts_from_json
 from conversations.models import Conversation, Persona, Turn
 from conversations.oggopus import OggOpusError, ogg_opus, packet_samples_48k
-from conversations.pipeline.config import TurnRecord
+from conversations.turns.record import TurnRecord
 from conversations.providers.asr.faster_whisper import FasterWhisperASR
 from conversations.recording import recording_mode, turn_audio_save, turn_audio_save_later
-from conversations.services import conversation_add_turn
 from conversations.tests.review_data import REPLY, UTTERANCE, speech_packets, turn_audio
 from devices.protocol.audio import decode_audio_file
 
@@ -39,8 +38,7 @@ def media(settings: Any, tmp_path: Path) -> Path:
 @pytest.fixture
 def turn(db: None) -> Turn:
     conversation = Conversation.objects.create(session_id="rec", persona=Persona.objects.create(name="Rec"))
-    return conversation_add_turn(conversation_id=conversation.pk,
-                                 turn=TurnRecord(index=0, user_text=UTTERANCE, reply_text=REPLY))
+    return Turn.objects.create(conversation=conversation, index=0, user_text=UTTERANCE, reply_text=REPLY)
 
 
 # --- the Ogg writer (pure) ---------------------------------------------------------------------

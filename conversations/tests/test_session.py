@@ -1,9 +1,11 @@
-"""VoiceSession without Django: a recording transport, NullEngine, and the simulator's MCP server."""
+"""VoiceSession without Django: a recording transport, NullEngine, and the simulator's MCP
+server, on a virtual-time event loop (testing/virtual_time.py): timeouts take no real time
+and "nothing happened" means nothing was due to happen."""
 from __future__ import annotations
 
 import asyncio
 import json
-import time
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 
 from conversations.pipeline.commands import activation_text
-from conversations.pipeline.config import DeviceInfo, PersonaConfig, SessionConfig, SessionInfo, TurnRecord
+from conversations.pipeline.config import DeviceInfo, PersonaConfig, SessionConfig
 from conversations.pipeline.contracts import EngineContext, EngineFactory, NullEngine, null_engine_factory
 from conversations.pipeline.limits import TokenBucket
 from conversations.pipeline.session import (
@@ -22,81 +24,25 @@ from conversations.pipeline.session import (
     VoiceSession,
 )
 from conversations.pipeline.states import MAX_PROTOCOL_ERRORS, check_transition
+from conversations.tests import fakes
+from conversations.tests.fakes import RecordingHooks, RecordingTransport, until
 from devices.protocol.binary import encode_audio
 from devices.protocol.messages import TtsStart, TtsStop
-from devices.simulator.mcp_server import DeviceMcpServer, ImageResult
+from simulator.mcp_server import DeviceMcpServer, ImageResult
 
 S = SessionState
 MAC = "aa:bb:cc:dd:ee:01"
 
 
+pytestmark = pytest.mark.virtual_time
+
+
 def hello_text(version: int = 1, mcp: bool = True) -> str:
-    features = '{"mcp":true}' if mcp else "{}"
-    return ('{"type":"hello","version":%d,"features":%s,"transport":"websocket",'
-            '"audio_params":{"format":"opus","sample_rate":16000,"channels":1,"frame_duration":60}}'
-            % (version, features))
+    return fakes.hello_text(version, {"mcp": True} if mcp else None)
 
 
 def device_json(session: VoiceSession, body: str) -> str:
-    return '{"session_id":"' + session.session_id + '",' + body + "}"
-
-
-class RecordingTransport:
-    """The socket: records frames; `on_text` lets a scripted device answer."""
-
-    def __init__(self) -> None:
-        self.frames: list[str | bytes] = []
-        self.closed: tuple[int, str] | None = None
-        self.first_text_at: float | None = None
-        self.on_text: Callable[[str], None] | None = None
-
-    async def send_text(self, text: str) -> None:
-        if self.first_text_at is None:
-            self.first_text_at = time.monotonic()
-        self.frames.append(text)
-        if self.on_text is not None:
-            self.on_text(text)
-
-    async def send_bytes(self, data: bytes) -> None:
-        self.frames.append(data)
-
-    async def close(self, code: int, reason: str) -> None:
-        self.closed = (code, reason)
-
-    def messages(self) -> list[dict[str, Any]]:
-        return [json.loads(f) for f in self.frames if isinstance(f, str)]
-
-    def of_type(self, kind: str, state: str | None = None) -> list[dict[str, Any]]:
-        return [m for m in self.messages()
-                if m["type"] == kind and (state is None or m.get("state") == state)]
-
-    def audio(self) -> list[bytes]:
-        return [f for f in self.frames if isinstance(f, bytes)]
-
-
-class RecordingHooks:
-    def __init__(self, delay: float = 0.0) -> None:
-        self.delay = delay
-        self.calls: list[tuple[str, Any]] = []
-
-    async def session_started(self, info: SessionInfo) -> None:
-        await asyncio.sleep(self.delay)
-        self.calls.append(("started", info))
-
-    async def tools_listed(self, server_info: dict, tools: list[dict]) -> None:
-        self.calls.append(("tools", (server_info, tools)))
-
-    async def turn_finished(self, turn: TurnRecord) -> None:
-        self.calls.append(("turn", turn))
-
-    async def session_closed(self, info: SessionInfo) -> None:
-        self.calls.append(("closed", info))
-
-    async def touch(self) -> None:
-        self.calls.append(("touch", None))
-
-    def names(self) -> list[str]:
-        return [name for name, _ in self.calls]
+    return fakes.device_json(session.session_id, body)
 
 
 def make_config(**overrides: Any) -> SessionConfig:
@@ -142,23 +88,37 @@ def ctx(session: VoiceSession) -> EngineContext:
     return engine(session).ctx
 
 
-async def until(check: Callable[[], object], timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
+async def speaking(session: VoiceSession) -> None:
+    """A reply of the engine starts to speak (what `tts start` follows from)."""
+    await ctx(session).replies.reply_speaking()
+
+
+def thinking(session: VoiceSession) -> None:
+    """An utterance ended: the engine's turn reply started (ASR and LLM run)."""
+    ctx(session).replies.reply_started("turn")
 
 
 # -- the state machine ------------------------------------------------------------------------
 
 
+# The allowed edges, written out by hand from docs/protocol-reference §2.4 and the reasons in
+# states.py, so a change to the table has to be made here too, on purpose.
+ALLOWED = {
+    (S.CONNECTING, S.IDLE), (S.CONNECTING, S.CLOSING),
+    (S.IDLE, S.LISTENING), (S.IDLE, S.THINKING), (S.IDLE, S.SPEAKING), (S.IDLE, S.CLOSING),
+    (S.LISTENING, S.IDLE), (S.LISTENING, S.THINKING), (S.LISTENING, S.SPEAKING), (S.LISTENING, S.CLOSING),
+    (S.THINKING, S.IDLE), (S.THINKING, S.LISTENING), (S.THINKING, S.SPEAKING), (S.THINKING, S.CLOSING),
+    (S.SPEAKING, S.IDLE), (S.SPEAKING, S.LISTENING), (S.SPEAKING, S.CLOSING),
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("current", list(S))
 @pytest.mark.parametrize("target", list(S))
 def test_every_transition_follows_the_table(current: SessionState, target: SessionState) -> None:
+    assert ((current, target) in ALLOWED) == (target in TRANSITIONS[current])
     if current is target:
         assert check_transition(current, target) is False
-    elif target in TRANSITIONS[current]:
+    elif (current, target) in ALLOWED:
         assert check_transition(current, target) is True
     else:
         with pytest.raises(IllegalTransition):
@@ -173,8 +133,18 @@ def test_the_table_forbids_thinking_straight_out_of_speaking_and_leaving_closing
 
 async def test_an_engine_asking_for_an_illegal_transition_gets_an_error(make_session: Factory) -> None:
     session, _, _ = await connected(make_session)
+    await speaking(session)
     with pytest.raises(IllegalTransition):
-        ctx(session).set_state(S.CONNECTING)
+        thinking(session)  # a turn while the last reply still speaks: an engine bug
+    assert session.state is S.SPEAKING
+
+
+async def test_the_engine_cannot_send_tts_start_or_stop_itself(make_session: Factory) -> None:
+    session, transport, _ = await connected(make_session)
+    for message in (TtsStart(), TtsStop()):
+        with pytest.raises(ValueError, match="session's"):
+            await ctx(session).send(message)
+    assert transport.of_type("tts") == [] and session.state is S.IDLE
 
 
 # -- hello ----------------------------------------------------------------------------------
@@ -184,7 +154,7 @@ async def test_it_answers_hello_at_once_with_the_exact_shape(make_session: Facto
     slow_db = RecordingHooks(delay=0.5)
     session, transport, hooks = make_session(hooks=slow_db)
     await session.start()
-    started = time.monotonic()
+    started = asyncio.get_running_loop().time()
     await session.feed_text(hello_text())
     assert transport.first_text_at is not None and transport.first_text_at - started < 0.05
     assert hooks.calls == []  # the slow presence write has not even finished
@@ -231,7 +201,7 @@ async def test_hello_version_selects_the_binary_framing(make_session: Factory) -
     assert engine(session).audio_frames == 1
     await session.feed_bytes(b"\xf8\xff\xfe")  # v1 framing on a v3 socket: a bad frame
     assert session.protocol_errors == 1
-    await ctx(session).send(TtsStart())
+    await speaking(session)
     await ctx(session).send_audio(b"\x01\x02")
     assert transport.audio()[-1] == encode_audio(b"\x01\x02", 3)
 
@@ -245,7 +215,7 @@ async def test_auto_mode_listens_every_turn_and_returns_to_listening(make_sessio
     assert session.state is S.LISTENING
     await session.feed_bytes(b"\x01\x02\x03")
     assert engine(session).audio_frames == 1
-    ctx(session).set_state(S.THINKING)
+    thinking(session)
     await engine(session).say("hello")
     assert session.state is S.LISTENING  # after tts stop, auto mode listens again
     await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"auto"'))
@@ -262,7 +232,7 @@ async def test_manual_mode_stops_listening_on_listen_stop_and_ends_idle(make_ses
     assert ("listen_stop", None) in engine(session).events
     await session.feed_bytes(b"\x01")  # the device is idle: its audio is not the user's turn
     assert engine(session).audio_frames == 1
-    ctx(session).set_state(S.THINKING)  # manual: ASR runs after the stop
+    thinking(session)  # manual: ASR runs after the stop
     await engine(session).say("answer")
     assert session.state is S.IDLE
 
@@ -270,7 +240,7 @@ async def test_manual_mode_stops_listening_on_listen_stop_and_ends_idle(make_ses
 async def test_realtime_mode_keeps_feeding_audio_while_speaking(make_session: Factory) -> None:
     session, _, _ = await connected(make_session)
     await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"realtime"'))
-    await ctx(session).send(TtsStart())
+    await speaking(session)
     assert session.state is S.SPEAKING
     await session.feed_bytes(b"\x01")
     assert engine(session).audio_frames == 1
@@ -279,7 +249,7 @@ async def test_realtime_mode_keeps_feeding_audio_while_speaking(make_session: Fa
 async def test_auto_mode_drops_uplink_audio_while_speaking(make_session: Factory) -> None:
     session, _, _ = await connected(make_session)
     await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"auto"'))
-    await ctx(session).send(TtsStart())
+    await speaking(session)
     await session.feed_bytes(b"\x01")
     assert engine(session).audio_frames == 0
     assert session.stats.audio_dropped_in == 1
@@ -296,9 +266,9 @@ async def test_downlink_audio_is_only_sent_while_speaking(make_session: Factory)
     session, transport, _ = await connected(make_session)
     await ctx(session).send_audio(b"\x01")
     assert transport.audio() == [] and session.stats.audio_dropped_out == 1
-    await ctx(session).send(TtsStart())
+    await speaking(session)
     await ctx(session).send_audio(b"\x02")
-    await ctx(session).send(TtsStop())
+    await ctx(session).replies.reply_ended(interrupted=False)
     await ctx(session).send_audio(b"\x03")  # a late frame after tts stop
     assert transport.audio() == [b"\x02"]
 
@@ -306,7 +276,7 @@ async def test_downlink_audio_is_only_sent_while_speaking(make_session: Factory)
 async def test_abort_interrupts_the_reply_and_sends_tts_stop(make_session: Factory) -> None:
     session, transport, _ = await connected(make_session)
     await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"auto"'))
-    await ctx(session).send(TtsStart())
+    await speaking(session)
     await session.feed_text(device_json(session, '"type":"abort"'))
     assert ("abort", None) in engine(session).events
     assert transport.of_type("tts", "stop") and session.state is S.LISTENING
@@ -323,7 +293,7 @@ async def test_abort_without_a_running_reply_sends_no_tts_stop(make_session: Fac
 async def test_abort_while_thinking_returns_to_listening(make_session: Factory) -> None:
     session, _, _ = await connected(make_session)
     await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"auto"'))
-    ctx(session).set_state(S.THINKING)
+    thinking(session)
     await session.feed_text(device_json(session, '"type":"abort"'))
     assert session.state is S.LISTENING
 
@@ -331,7 +301,7 @@ async def test_abort_while_thinking_returns_to_listening(make_session: Factory) 
 async def test_listen_start_while_speaking_interrupts_then_listens(make_session: Factory) -> None:
     session, transport, _ = await connected(make_session)
     await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"auto"'))
-    await ctx(session).send(TtsStart())
+    await speaking(session)
     await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"auto"'))
     events = engine(session).events
     assert events[-2:] == [("abort", "listen_start"), ("listen_start", "auto")]
@@ -342,6 +312,22 @@ async def test_listen_detect_reaches_the_engine(make_session: Factory) -> None:
     session, _, _ = await connected(make_session)
     await session.feed_text(device_json(session, '"type":"listen","state":"detect","text":"你好小智"'))
     assert ("listen_detect", "你好小智") in engine(session).events
+
+
+async def test_a_socket_that_fails_to_send_is_logged_once_per_session(
+        make_session: Factory, caplog: pytest.LogCaptureFixture) -> None:
+    session, transport, _ = await connected(make_session)
+
+    async def broken(_text: str) -> None:
+        raise ConnectionResetError("gone")
+
+    transport.send_text = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.DEBUG, logger="conversations.pipeline.session"):
+        for _ in range(3):
+            await session.handle_command({"command": "reboot"})
+    failures = [r for r in caplog.records if r.getMessage() == "send to device failed"]
+    assert [r.levelno for r in failures] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert failures[0].error == "ConnectionResetError" and not failures[0].exc_info  # type: ignore[attr-defined]
 
 
 async def test_goodbye_closes_normally(make_session: Factory) -> None:
@@ -465,7 +451,7 @@ async def test_voice_activity_keeps_the_session_open(make_session: Factory) -> N
 
 async def test_downlink_audio_counts_as_activity(make_session: Factory) -> None:
     session, transport, _ = await connected(make_session, idle_timeout=0.2, hard_timeout=0.25)
-    await ctx(session).send(TtsStart())
+    await speaking(session)
     for _ in range(10):  # a 0.5 s answer, longer than both timeouts
         await ctx(session).send_audio(b"\x01")
         await asyncio.sleep(0.05)
@@ -475,7 +461,7 @@ async def test_downlink_audio_counts_as_activity(make_session: Factory) -> None:
 async def test_a_stuck_reply_hits_the_hard_timeout(make_session: Factory) -> None:
     session, transport, _ = await connected(make_session, idle_timeout=0.1, hard_timeout=0.3)
     await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"auto"'))
-    ctx(session).set_state(S.THINKING)  # the idle farewell waits while thinking
+    thinking(session)  # the idle farewell waits while thinking
     await until(lambda: transport.closed, timeout=3)
     assert transport.closed == (CloseCode.TIMEOUT, "hard timeout")
     assert not any(e[0] == "say" for e in engine(session).events)
@@ -654,7 +640,7 @@ async def test_reboot_alert_and_custom_commands_become_device_messages(make_sess
 async def test_say_interrupts_a_running_reply_first(make_session: Factory) -> None:
     session, transport, _ = await connected(make_session)
     await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"auto"'))
-    await ctx(session).send(TtsStart())
+    await speaking(session)
     await session.handle_command({"command": "say", "text": "Dinner is ready"})
     assert engine(session).events[-2:] == [("abort", "command"), ("say", "Dinner is ready")]
     states = [m.get("state") for m in transport.of_type("tts")]

@@ -6,7 +6,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from conversations.models import Persona
-from conversations.pipeline.device_tools import build_toolset
+from conversations.pipeline.toolset import build_toolset
 from conversations.selectors import session_config_for
 from devices.auth import DeviceAuthResult
 from devices.models import Device

@@ -30,9 +30,16 @@ async def make_thinker(persona: PersonaConfig | None = None, state: SessionToolS
     return Thinker(persona=persona or PersonaConfig(), device=DEVICE, toolset=toolset, model="m", tool_state=state)
 
 
-async def collect(thinker: Thinker, llm: ProviderChain, text: str) -> tuple[str, Thought]:
-    thought = Thought()
-    parts = [delta async for delta in thinker.stream(llm, text, thought)]
+async def collect(thinker: Thinker, llm: ProviderChain, text: str, parts: list[str] | None = None,
+                  thought: Thought | None = None) -> tuple[str, Thought]:
+    """Think, collecting the text deltas as they stream (into `parts` when given)."""
+    thought = thought if thought is not None else Thought()
+    parts = parts if parts is not None else []
+
+    async def on_text(delta: str) -> None:
+        parts.append(delta)
+
+    await thinker.think(llm, text, thought, on_text)
     return "".join(parts), thought
 
 
@@ -142,8 +149,7 @@ async def test_after_the_first_token_a_failure_is_not_retried_elsewhere() -> Non
     thought = Thought()
     seen: list[str] = []
     with pytest.raises(ProviderError):
-        async for delta in thinker.stream(chain(BreaksMidway(), backup), "hi", thought):
-            seen.append(delta)
+        await collect(thinker, chain(BreaksMidway(), backup), "hi", seen, thought)
     assert seen == ["Half an "] and backup.requests == []
 
 

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import os
+import socket
 import struct
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from conversations.providers.tts.edge import EdgeTTS, pick_voice
 from conversations.providers.tts.espeak import EspeakTTS, parse_voice_list, split_wav_stream
 from conversations.providers.tts.voices import ESPEAK_VOICES
 from devices.protocol.audio import rms
+from testing.server import free_port
 
 SENTENCE = "The kitchen light is now on."
 
@@ -109,14 +112,29 @@ def test_edge_keeps_edge_voices_and_defaults_others_by_language() -> None:
     assert pick_voice("alloy", "xx") == "en-US-AriaNeural"
 
 
-async def test_edge_fails_fast_with_a_provider_error_when_offline() -> None:
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers (a hung service)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        yield listener.getsockname()[1]
+
+
+async def test_edge_fails_fast_with_a_provider_error_when_the_service_hangs(silent_server: int) -> None:
+    # Through a proxy that accepts and never answers: no DNS, no internet, the same on every machine.
     started = time.perf_counter()
-    try:
-        chunks = await collect(EdgeTTS(connect_timeout=3.0, timeout=10.0), SENTENCE)
-    except ProviderError:
-        assert time.perf_counter() - started < 5  # DNS fails at once; connect_timeout caps the rest
-    else:  # a machine with internet access: then it must really have spoken
-        assert chunks and chunks[0].sample_rate == 24000 and rms(chunks[0].pcm) > 100
+    with pytest.raises(ProviderError, match="edge-tts failed"):
+        await collect(EdgeTTS(connect_timeout=1.0, timeout=2.0, proxy=f"http://127.0.0.1:{silent_server}"), SENTENCE)
+    assert time.perf_counter() - started < 3.5  # the provider's timeout, not edge-tts' own 60 s
+
+
+async def test_edge_fails_at_once_with_a_provider_error_when_unreachable() -> None:
+    port = free_port()  # nothing listens there: the connection is refused
+    started = time.perf_counter()
+    with pytest.raises(ProviderError, match="edge-tts failed"):
+        await collect(EdgeTTS(connect_timeout=3.0, timeout=10.0, proxy=f"http://127.0.0.1:{port}"), SENTENCE)
+    assert time.perf_counter() - started < 2
 
 
 def test_tts_providers_build_from_the_registry() -> None:

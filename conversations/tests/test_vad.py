@@ -5,14 +5,10 @@ import sys
 import numpy as np
 import pytest
 
-from conversations.providers.vad.silero import (
-    SPEECH_STARTED,
-    SPEECH_STOPPED,
-    SileroModel,
-    SileroStream,
-    VADDetector,
-    VADEvent,
-)
+from conversations.pipeline.endpointing import SPEECH_STARTED, SPEECH_STOPPED, VADDetector, VADEvent
+from conversations.providers import registry
+from conversations.providers.base import VAD
+from conversations.providers.vad.silero import SileroStream, SileroVAD
 from devices.protocol.opus import OpusDecoder
 from testing.speech import opus_packets, speak, with_silence
 
@@ -102,18 +98,32 @@ def utterance() -> bytes:
     return with_silence(speak("turn on the kitchen light", rate=16000), 16000, 1000, 1000)
 
 
+def silero_stream() -> SileroStream:
+    return registry.shared("vad", "silero").stream()  # type: ignore[no-any-return]
+
+
 def test_torch_is_never_imported() -> None:
-    SileroStream().probabilities(bytes(16000))
+    silero_stream().probabilities(bytes(16000))
     assert "torch" not in sys.modules
     assert "silero_vad" not in sys.modules
 
 
-def test_the_onnx_session_is_shared_per_process() -> None:
-    assert SileroModel.shared() is SileroModel.shared()
+def test_the_vad_is_registered_and_shared_per_process() -> None:
+    vad = registry.shared("vad", "silero")
+    assert vad is registry.shared("vad", "silero") and isinstance(vad, SileroVAD) and isinstance(vad, VAD)
+    assert registry.shared("vad", "silero", path=str(vad.path)) is not vad  # other options: its own
+
+
+def test_each_thread_loads_the_model_once() -> None:
+    vad = SileroVAD()
+    vad.stream().probabilities(bytes(3200))
+    first = vad._session()
+    vad.stream().probabilities(bytes(3200))
+    assert vad._session() is first
 
 
 def test_speech_from_device_packets_starts_and_stops_at_plausible_times(utterance: bytes) -> None:
-    stream, detector, decoder = SileroStream(), VADDetector(), OpusDecoder(16000)
+    stream, detector, decoder = silero_stream(), VADDetector(), OpusDecoder(16000)
     events = []
     for packet in opus_packets(utterance):  # the real uplink path: Opus 60 ms -> 16 kHz PCM
         events += detector.feed(stream.probabilities(decoder.decode(packet)))
@@ -126,8 +136,8 @@ def test_speech_from_device_packets_starts_and_stops_at_plausible_times(utteranc
 
 
 def test_chunking_does_not_change_the_probabilities(utterance: bytes) -> None:
-    whole = SileroStream().probabilities(utterance)
-    chunked_stream = SileroStream()
+    whole = silero_stream().probabilities(utterance)
+    chunked_stream = silero_stream()
     chunked = [
         p
         for i in range(0, len(utterance), 1000)
@@ -138,7 +148,7 @@ def test_chunking_does_not_change_the_probabilities(utterance: bytes) -> None:
 
 
 def test_reset_restarts_the_recurrent_state(utterance: bytes) -> None:
-    stream = SileroStream()
+    stream = silero_stream()
     first = stream.probabilities(utterance[:32000])
     stream.reset()
     assert np.allclose(stream.probabilities(utterance[:32000]), first, atol=1e-6)
@@ -149,6 +159,6 @@ def test_silence_and_low_level_noise_are_not_speech() -> None:
     hiss = (rng.standard_normal(16000 * 3) * 150).astype("<i2").tobytes()
     hum = (np.sin(np.arange(16000 * 3) * 2 * np.pi * 50 / 16000) * 300).astype("<i2").tobytes()
     for audio in (bytes(16000 * 3 * 2), hiss, hum):
-        probs = SileroStream().probabilities(audio)
+        probs = silero_stream().probabilities(audio)
         assert max(probs) < 0.5
         assert VADDetector().feed(probs) == []

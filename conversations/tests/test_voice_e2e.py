@@ -22,8 +22,9 @@ from channels.db import database_sync_to_async
 from conversations.models import Turn
 from conversations.providers.asr.faster_whisper import FasterWhisperASR
 from conversations.tests.e2e import session_recorded_closed
-from devices.simulator.device import SimulatedDevice
-from devices.tests.factories import BoundDeviceFactory, PersonaFactory, mac_for
+from conversations.tests.factories import PersonaFactory
+from devices.tests.factories import BoundDeviceFactory, mac_for
+from simulator.device import SimulatedDevice
 from testing.fake_openai import Call, FakeOpenAI, RecordedRequest, Reply
 from testing.server import AsgiServer, database_url
 from testing.speech import silence, speak

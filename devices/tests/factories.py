@@ -29,13 +29,6 @@ class UserFactory(factory.django.DjangoModelFactory):
     email = factory.LazyAttribute(lambda user: f"{user.username}@example.com")
 
 
-class PersonaFactory(factory.django.DjangoModelFactory):
-    class Meta:
-        model = "conversations.Persona"
-
-    name = factory.Sequence(lambda n: f"Persona {n}")
-
-
 class DeviceFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = Device

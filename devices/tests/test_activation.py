@@ -15,6 +15,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.utils import timezone
 
+from conversations.tests.factories import PersonaFactory
 from devices.models import ActivationCode, Device, DeviceKey
 from devices.ratelimit import ACTIVATE_POLLS_PER_ADDRESS
 from devices.services import (
@@ -28,7 +29,6 @@ from devices.tests.factories import (
     ActivationCodeFactory,
     DeviceFactory,
     DeviceKeyFactory,
-    PersonaFactory,
     UserFactory,
     ota_body,
     ota_headers,

@@ -12,6 +12,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.utils import timezone
 
+from conversations.tests.factories import PersonaFactory
 from devices.auth import device_authenticate
 from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease
 from devices.services import device_token_issue
@@ -20,7 +21,6 @@ from devices.tests.factories import (
     BoundDeviceFactory,
     DeviceFactory,
     DeviceKeyFactory,
-    PersonaFactory,
     UserFactory,
 )
 from devices.versions import fake_app_image

@@ -15,7 +15,7 @@ from channels.db import database_sync_to_async
 from devices.models import ActivationCode, Device
 from devices.protocol.close_codes import CloseCode
 from devices.services import device_token_issue
-from devices.simulator.device import SimulatedDevice
+from simulator.device import SimulatedDevice
 from devices.tests.factories import BoundDeviceFactory, mac_for, ota_body, ota_headers
 from testing.server import AsgiServer
 

@@ -20,7 +20,7 @@ from django.test import Client
 from devices.models import Device, DeviceKey, PairingRequest
 from devices.protocol.close_codes import CloseCode
 from devices.services import device_bind
-from devices.simulator.device import SimulatedDevice
+from simulator.device import SimulatedDevice
 from devices.tests.factories import DeviceKeyFactory, UserFactory
 from testing.server import AsgiServer
 

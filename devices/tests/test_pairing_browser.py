@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from devices.models import Device
-from devices.simulator.device import SimulatedDevice
+from simulator.device import SimulatedDevice
 from devices.tests.factories import BoundDeviceFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -17,7 +17,7 @@ from django.db import connection, transaction
 
 from devices.models import Device
 from devices.services import device_token_issue
-from devices.simulator.device import SimulatedDevice
+from simulator.device import SimulatedDevice
 from devices.tests.factories import BoundDeviceFactory, UserFactory
 from testing.server import AsgiServer
 

@@ -25,8 +25,9 @@ from django.test import Client
 
 from devices.models import Device
 from devices.services import device_token_issue
-from devices.simulator.device import SimulatedDevice
-from devices.tests.factories import BoundDeviceFactory, PersonaFactory
+from simulator.device import SimulatedDevice
+from conversations.tests.factories import PersonaFactory
+from devices.tests.factories import BoundDeviceFactory
 from testing.server import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -12,9 +12,9 @@ from django.test import Client
 
 from devices.models import Device
 from devices.services import device_token_issue
-from devices.simulator.firmware_tools import TINY_JPEG_B64
 from devices.tests.factories import BoundDeviceFactory
 from devices.vision import VISION_TOKEN_TTL_SECONDS, vision_token_issue, vision_token_valid
+from simulator.firmware_tools import TINY_JPEG_B64
 from testing.fake_openai import FakeOpenAI, Reply
 
 pytestmark = pytest.mark.django_db

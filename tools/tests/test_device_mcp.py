@@ -478,9 +478,21 @@ async def test_replies_with_unknown_or_non_integer_ids_are_dropped(
 
 
 async def test_malformed_payloads_are_dropped_without_raising() -> None:
-    client = await started(FakeFirmware(stock_tools()))
+    def never(args: dict) -> None:
+        raise Silent()
+
+    firmware = FakeFirmware(stock_tools(), {"self.get_device_status": never})
+    client = await started(firmware)
+    call = asyncio.create_task(client.call_tool("self.get_device_status", {}, timeout=1))
+    await asyncio.sleep(0)
+    sent_before = len(firmware.received)
     for payload in ("text", None, 42, [], {"jsonrpc": "2.0"}, {"id": "x"}):
-        client.feed(payload)
+        client.feed(payload)  # raises nothing
+    await asyncio.sleep(0)
+    assert not call.done() and len(firmware.received) == sent_before  # no answer, no failed call
+    request_id = firmware.requests("tools/call")[0]["id"]
+    client.feed({"jsonrpc": "2.0", "id": request_id, "result": {"content": [{"type": "text", "text": "ok"}]}})
+    assert await call == "ok"  # the client still works
 
 
 async def test_a_reply_without_result_or_error_fails_the_call_at_once() -> None:

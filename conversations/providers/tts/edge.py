@@ -47,10 +47,13 @@ class EdgeTTS:
 
     name = "edge"
 
-    def __init__(self, connect_timeout: float = 3.0, timeout: float = 10.0, **_: Any) -> None:
+    def __init__(
+        self, connect_timeout: float = 3.0, timeout: float = 10.0, proxy: str | None = None, **_: Any
+    ) -> None:
         # edge-tts defaults to a 10 s connect timeout; fallback to espeak must be quicker.
         self.connect_timeout = connect_timeout
         self.timeout = timeout
+        self.proxy = proxy or None  # an HTTP proxy for deployments that need one
 
     async def synthesize(self, text: str, *, voice: str, language: str) -> AsyncIterator[PCMChunk]:
         if not text.strip():
@@ -76,6 +79,7 @@ class EdgeTTS:
                 communicate = edge_tts.Communicate(
                     text,
                     voice,
+                    proxy=self.proxy,
                     connect_timeout=max(1, math.ceil(self.connect_timeout)),
                     receive_timeout=max(1, math.ceil(self.timeout)),
                 )

@@ -1,6 +1,6 @@
 """`manage.py simulate_device`: run one simulated Xiaozhi device turn against a server.
 
-Thin wrapper: all logic lives in devices/simulator/cli.py (Django-free).
+Thin wrapper: all logic lives in simulator/cli.py (Django-free).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from devices.simulator import cli
+from simulator import cli
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
-"""Run background jobs one after another, in submission order, off the caller's path.
+"""Background jobs run one after another, in submission order, off the caller's path.
 
-The session uses it for persistence hooks (presence online, tool list, touch, offline):
+The session uses it for its persistence hooks (presence online, tool list, touch, offline):
 each is a DB round-trip that must not delay the next frame, yet their *order* matters — a
 short session's "offline" must never overtake its "online", or the device stays online.
 """
@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 Job = Callable[[], Awaitable[object]]
 
 
-class SerialRunner:
+class OrderedJobs:
     """One worker task draining a bounded queue of jobs; failures are logged, not raised."""
 
     def __init__(self, name: str, maxsize: int = 64) -> None:

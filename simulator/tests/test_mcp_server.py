@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from devices.simulator.mcp_server import (
+from simulator.mcp_server import (
     MAX_PAGE_BYTES,
     PAGE_SLACK_BYTES,
     DeviceMcpServer,

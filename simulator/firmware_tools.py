@@ -8,13 +8,28 @@ names, descriptions and argument schemas, backed by a small mutable state so a t
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
-from devices.simulator.mcp_server import DeviceMcpServer, Property, Tool, ToolFailure, compact_json
+from simulator.mcp_tools import Property, Tool, ToolFailure, compact_json
 
 
-def install(server: DeviceMcpServer) -> None:
+class Board(Protocol):
+    """What the tools read and write on the device (DeviceMcpServer has all of it)."""
+
+    state: dict[str, Any]
+    camera_jpeg: bytes
+    on_reboot: Callable[[], None] | None
+    device_id: str
+    client_id: str
+    system_info_json: str
+    vision_url: str
+    vision_token: str
+
+    def add_tool(self, tool: Tool) -> Tool: ...
+
+
+def install(server: Board) -> None:
     """Give `server` the firmware's tools, state and camera picture."""
     server.state.update(DEFAULT_STATE)
     server.camera_jpeg = server.camera_jpeg or base64.b64decode(TINY_JPEG_B64)
@@ -48,7 +63,7 @@ _PHOTO_DESCRIPTION = (
 )
 
 
-def _tools(server: DeviceMcpServer) -> list[Tool]:
+def _tools(server: Board) -> list[Tool]:
     """AddCommonTools, the bread-compact-wifi lamp (board tools) and AddUserOnlyTools."""
     state = server.state
     return [
@@ -77,7 +92,7 @@ def _tools(server: DeviceMcpServer) -> list[Tool]:
     ]
 
 
-def _user_only_tools(server: DeviceMcpServer) -> list[Tool]:
+def _user_only_tools(server: Board) -> list[Tool]:
     url = (Property("url", "string"),)
     return [
         Tool("self.get_system_info", "Get the system information", (),
@@ -130,14 +145,14 @@ def _device_status(state: dict[str, Any]) -> str:
     })
 
 
-def _reboot(server: DeviceMcpServer) -> bool:
+def _reboot(server: Board) -> bool:
     # The firmware schedules the reboot 1 s later and replies `true` first.
     if server.on_reboot is not None:
         server.on_reboot()
     return True
 
 
-async def _explain_photo(server: DeviceMcpServer, question: str) -> str:
+async def _explain_photo(server: Board, question: str) -> str:
     """Esp32Camera::Explain: multipart POST to the vision URL; the whole body is the result."""
     if not server.vision_url:
         raise ToolFailure("Image explain URL or token is not set")

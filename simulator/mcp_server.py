@@ -12,126 +12,33 @@ return bool/int/str/dict/list/ImageResult, or raise to make the device answer wi
 """
 from __future__ import annotations
 
-import base64
 import inspect
-import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-PropertyType = Literal["boolean", "integer", "string"]
+from simulator import firmware_tools
+from simulator.mcp_tools import (
+    NO_DEFAULT,
+    ImageResult,
+    Property,
+    Tool,
+    ToolFailure,
+    ToolHandler,
+    ToolResult,
+    compact_json,
+    valueint,
+)
+
+__all__ = [
+    "NO_DEFAULT", "DeviceMcpServer", "ImageResult", "Property", "Tool", "ToolFailure", "ToolHandler",
+    "ToolResult", "compact_json",
+]
 
 MAX_PAGE_BYTES = 8000
 # GetToolsList keeps this much head-room for `],"nextCursor":"…"}` when it checks a page.
 PAGE_SLACK_BYTES = 30
 MCP_PROTOCOL_VERSION = "2024-11-05"
-INT_MIN, INT_MAX = -(2**31), 2**31 - 1
-
-
-class _NoDefault:
-    """Sentinel type: a property without default is required (Property(name, type) in C++)."""
-
-    def __repr__(self) -> str:
-        return "NO_DEFAULT"
-
-
-NO_DEFAULT: Any = _NoDefault()
-
-
-class ToolFailure(Exception):
-    """Raise from a handler to make the device reply with a JSON-RPC error of this text."""
-
-
-@dataclass(frozen=True)
-class ImageResult:
-    """The firmware's ImageContent: serialized as a JSON *string* under `image`."""
-
-    mime_type: str
-    data: bytes
-
-    def to_json(self) -> str:
-        encoded = base64.b64encode(self.data).decode("ascii")
-        return compact_json({"type": "image", "mimeType": self.mime_type, "data": encoded})
-
-
-ToolResult = bool | int | str | dict | list | ImageResult
-ToolHandler = Callable[[dict[str, Any]], "ToolResult | Awaitable[ToolResult]"]
-
-
-@dataclass(frozen=True)
-class Property:
-    """One tool argument. Only the firmware's three types exist; ranges only on integers."""
-
-    name: str
-    type: PropertyType
-    default: Any = NO_DEFAULT
-    minimum: int | None = None
-    maximum: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.type not in ("boolean", "integer", "string"):
-            raise ValueError(f"unsupported property type {self.type!r}")
-        if (self.minimum is not None or self.maximum is not None) and self.type != "integer":
-            raise ValueError("Range limits only apply to integer properties")
-
-    @property
-    def has_default(self) -> bool:
-        return self.default is not NO_DEFAULT
-
-    def schema(self) -> dict[str, Any]:
-        """Key order as Property::to_json: type, default, minimum, maximum."""
-        out: dict[str, Any] = {"type": self.type}
-        if self.has_default:
-            out["default"] = self.default
-        if self.minimum is not None:
-            out["minimum"] = self.minimum
-        if self.maximum is not None:
-            out["maximum"] = self.maximum
-        return out
-
-    def accept(self, value: Any) -> tuple[bool, Any]:
-        """Type check as the firmware does: (found, converted value). Raises on range errors."""
-        if self.type == "boolean":
-            return (True, value) if isinstance(value, bool) else (False, None)
-        if self.type == "string":
-            return (True, value) if isinstance(value, str) else (False, None)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return False, None
-        number = _valueint(value)
-        if self.minimum is not None and number < self.minimum:
-            raise ToolFailure(f"Value is below minimum allowed: {self.minimum}")
-        if self.maximum is not None and number > self.maximum:
-            raise ToolFailure(f"Value exceeds maximum allowed: {self.maximum}")
-        return True, number
-
-
-@dataclass
-class Tool:
-    """A device tool; `user_only` tools are listed only with withUserTools=true."""
-
-    name: str
-    description: str
-    properties: tuple[Property, ...] = ()
-    handler: ToolHandler | None = None
-    user_only: bool = False
-
-    def to_json(self) -> str:
-        """McpTool::to_json: name, description, inputSchema, annotations (user-only)."""
-        schema: dict[str, Any] = {
-            "type": "object",
-            "properties": {p.name: p.schema() for p in self.properties},
-        }
-        required = [p.name for p in self.properties if not p.has_default]
-        if required:
-            schema["required"] = required
-        out: dict[str, Any] = {
-            "name": self.name,
-            "description": self.description,
-            "inputSchema": schema,
-        }
-        if self.user_only:
-            out["annotations"] = {"audience": ["user"]}
-        return compact_json(out)
 
 
 @dataclass
@@ -166,9 +73,6 @@ class DeviceMcpServer:
         cls, *, board_name: str = "bread-compact-wifi", firmware_version: str = "2.4.2"
     ) -> DeviceMcpServer:
         """A server with the firmware's common tools, a board lamp and the user-only tools."""
-        # Imported here: firmware_tools builds on this module's Tool/Property classes.
-        from devices.simulator import firmware_tools  # noqa: PLC0415
-
         server = cls(board_name=board_name, firmware_version=firmware_version)
         firmware_tools.install(server)
         return server
@@ -212,8 +116,6 @@ class DeviceMcpServer:
 
     def with_extra_tools(self, count: int, description_bytes: int = 1500) -> DeviceMcpServer:
         """Add `count` board tools with long descriptions so tools/list spans several pages."""
-        from devices.simulator import firmware_tools  # noqa: PLC0415 - see default()
-
         existing = sum(1 for tool in self.tools if tool.name.startswith("self.extra."))
         for tool in firmware_tools.extra_tools(count, description_bytes, start=existing + 1):
             self.add_tool(tool)
@@ -238,7 +140,7 @@ class DeviceMcpServer:
         raw_id = _get(payload, "id")
         if isinstance(raw_id, bool) or not isinstance(raw_id, int | float):
             return None  # string ids: logged, no reply at all
-        request_id = _valueint(raw_id)
+        request_id = valueint(raw_id)
         return await self._dispatch(request_id, method, params if isinstance(params, dict) else None)
 
     async def _dispatch(self, request_id: int, method: str, params: dict | None) -> str:
@@ -375,24 +277,8 @@ def reply_error(request_id: int, message: str) -> str:
     return '{"jsonrpc":"2.0","id":' + str(request_id) + ',"error":{"message":"' + message + '"}}'
 
 
-def compact_json(value: Any) -> str:
-    # cJSON_PrintUnformatted: no spaces, UTF-8 kept as is.
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 def _nbytes(text: str) -> int:
     return len(text.encode("utf-8"))
-
-
-def _valueint(number: int | float) -> int:
-    """cJSON's valueint: truncated toward zero and saturated to the int range."""
-    if number != number:  # NaN
-        return 0
-    if number >= INT_MAX:
-        return INT_MAX
-    if number <= INT_MIN:
-        return INT_MIN
-    return int(number)
 
 
 _ABSENT: Any = object()  # a key that is not there, as opposed to a JSON null

@@ -17,8 +17,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 
 from devices.protocol.binary import decode_audio, encode_audio
 from devices.protocol.opus import OpusDecoder, OpusEncoder
-from devices.simulator import cli
-from devices.simulator.device import DeviceError, DeviceTimeout, SimulatedDevice
+from simulator import cli
+from simulator.device import DeviceError, DeviceTimeout, SimulatedDevice
 
 MAC = "AA:BB:CC:DD:EE:01"
 CLIENT_ID = "7b94d69a-0000-4000-8000-000000000001"

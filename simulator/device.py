@@ -34,10 +34,10 @@ from devices.protocol.binary import encode_audio
 from devices.protocol.codec import decode_json
 from devices.protocol.errors import ProtocolError
 from devices.protocol.opus import OpusEncoder
-from devices.simulator import ota, transport
-from devices.simulator.events import DeviceError, DeviceTimeout, Event, EventLog, Match, predicate
-from devices.simulator.mcp_server import DeviceMcpServer
-from devices.simulator.speaker import DownlinkFrame, Speaker
+from simulator import ota, transport
+from simulator.events import DeviceError, DeviceTimeout, Event, EventLog, Match, predicate
+from simulator.mcp_server import DeviceMcpServer
+from simulator.speaker import DownlinkFrame, Speaker
 
 UPLINK_RATE = 16000
 FRAME_MS = 60

@@ -1,8 +1,8 @@
-"""The session's tools: the built-in ones from the start, the device's own once it has listed them.
+"""The device's own MCP server, driven over the session socket (protocol-reference §5).
 
-`DeviceMcpLink` drives the device's MCP server over the session socket (protocol-reference
-§5): `initialize` with the vision URL and token, then `tools/list` page after page, and
-`tools/call` for the LLM and for commands. The JSON-RPC details live in
+`DeviceMcpLink` sends `initialize` with the vision URL and token, then `tools/list` page
+after page, stores the list (through the session's hooks) and offers the tools to the LLM,
+and serves `tools/call` for the LLM and for commands. The JSON-RPC details live in
 `tools.mcp.device.DeviceMcpClient`; this class only decides *when* things happen.
 """
 from __future__ import annotations
@@ -11,10 +11,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from conversations.pipeline.config import SessionConfig
-from tools.builtin import BuiltinToolSource, SessionToolState
 from tools.errors import ToolError
 from tools.mcp.device import DeviceMcpClient, DeviceToolSource
-from tools.registry import ToolPolicy, ToolSpec, Toolset
+from tools.registry import Toolset, ToolSpec
 
 logger = logging.getLogger(__name__)
 
@@ -22,30 +21,6 @@ logger = logging.getLogger(__name__)
 MCP_REQUEST_TIMEOUT = 10.0
 
 ListedCallback = Callable[[dict, list[dict]], None]
-
-
-def build_toolset(config: SessionConfig) -> tuple[Toolset, SessionToolState]:
-    """The session's Toolset with the built-in tools, filtered by the persona's policy."""
-    persona = config.persona
-    state = SessionToolState(
-        timezone=config.device.timezone or "UTC",
-        location=config.device.location,
-        language=persona.language,
-        characters=[dict(c) for c in persona.characters],
-    )
-    if config.weather_base_url:
-        state.weather_base_url = config.weather_base_url
-    if config.geocoding_url:
-        state.geocoding_url = config.geocoding_url
-    allowed = frozenset(persona.server_tools) if persona.server_tools is not None else None
-    policy = ToolPolicy(
-        server_tools=allowed,
-        mcp_servers=frozenset(persona.mcp_servers),
-        device_tools=persona.device_tools_enabled,
-        device_exclude=frozenset(persona.device_tool_exclusions),
-    )
-    builtin = BuiltinToolSource(state, allowed, timeout=config.server_tool_timeout)
-    return Toolset([builtin, *config.tool_sources], policy), state
 
 
 def tool_record(spec: ToolSpec) -> dict:

@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from devices.simulator.events import DeviceError
+from simulator.events import DeviceError
 
 HTTP_TIMEOUT_S = 15
 

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from devices.simulator.device import SimulatedDevice
-from devices.simulator.events import DeviceError, DeviceTimeout, Event
-from devices.simulator.speaker import DownlinkFrame
-from devices.simulator.mcp_server import DeviceMcpServer
+from simulator.device import SimulatedDevice
+from simulator.events import DeviceError, DeviceTimeout, Event
+from simulator.mcp_server import DeviceMcpServer
+from simulator.speaker import DownlinkFrame
 
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT, EXIT_ACTIVATION, EXIT_INPUT = 0, 1, 2, 3, 4
 MAX_LINE = 240  # long lines (MCP tool lists) are cut unless --verbose
@@ -137,7 +137,7 @@ def load_speech(options: argparse.Namespace) -> bytes:
             raise CliError(f"cannot read {options.wav}: {exc}", EXIT_INPUT) from exc
         return resample(pcm, rate, 16000)
     if options.say:
-        from testing import speech  # noqa: PLC0415 - needs espeak-ng only for --say
+        from simulator import speech  # noqa: PLC0415 - needs espeak-ng only for --say
 
         if not speech.espeak_available():
             raise CliError("--say needs espeak-ng (apt-get install espeak-ng)", EXIT_INPUT)
@@ -263,7 +263,7 @@ def run(options: argparse.Namespace | dict[str, Any], out: Output = print) -> Cl
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m devices.simulator.cli …` without Django."""
+    """`python -m simulator.cli …` without Django."""
     parser = argparse.ArgumentParser(prog="simulate_device", description=__doc__.split("\n")[0])
     add_arguments(parser)
     result = run(parser.parse_args(argv))

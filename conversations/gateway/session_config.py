@@ -1,13 +1,9 @@
-"""Plain configuration and contracts of a gateway session (built by the consumer from
-settings; the session never reads Django settings itself)."""
+"""A gateway session's configuration as plain values (built by the consumer from settings;
+the session never reads Django settings itself), with the seed's system prompt and the
+built-in tools a text client is offered."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-CLOSE_IDLE = 1001  # no client message for CLOUD_PING_TIMEOUT seconds
-CLOSE_TOO_BIG = 1009  # RFC 6455 "message too big", after an INVALID_MESSAGE error
-CLOSE_TAKEN_OVER = 4000  # another connection resumed this connection's session
+from dataclasses import dataclass
 
 # Seed §14.1, verbatim.
 SYSTEM_PROMPT = """
@@ -56,32 +52,3 @@ class GatewayConfig:
     weather_base_url: str = ""
     geocoding_url: str = ""
     characters: tuple[dict[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class TurnRecord:
-    """A finished (or failed, or interrupted) exchange, for conversation review."""
-
-    session_id: str
-    index: int  # 0, 1, 2... within the session, across reconnects
-    user_text: str
-    reply_text: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    error: str = ""
-    interrupted: bool = False
-
-
-class Transport(Protocol):
-    async def send_text(self, text: str) -> None: ...
-
-    async def close(self, code: int | None = None, reason: str | None = None) -> None: ...
-
-
-class GatewayHooks(Protocol):
-    """Persistence. Called on the reply path, so they must return at once (enqueue); the
-    consumer's hooks hand everything to the process's batching HistoryWriter."""
-
-    def turn_finished(self, turn: TurnRecord) -> None: ...
-
-    def session_ended(self, session_id: str) -> None: ...

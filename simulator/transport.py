@@ -16,7 +16,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import InvalidHandshake, InvalidStatus
 from websockets.http11 import Request
 
-from devices.simulator.events import DeviceError
+from simulator.events import DeviceError
 
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_INCOMING_BYTES = 4 * 1024 * 1024

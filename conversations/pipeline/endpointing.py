@@ -1,0 +1,324 @@
+"""Endpointing: from Opus packets to speech marks, per session, in the shared CPU pool.
+
+`HearingBatch.run_batch` is the hearing's pool job (listen.py submits it through
+`CpuMill.run_batched`): it decodes each session's packets (Opus → 16 kHz PCM), asks the VAD
+provider for all of their window probabilities in one call (the windows of many sessions
+share model runs), then endpoints each session (`Ear.endpoint`): `VADDetector` turns
+probabilities into speech started/stopped with a 3-of-5 voiced-window rule and a dual
+threshold, and the ear adds ~600 ms of pre-roll, pause marks for speculative ASR and the
+utterance length limit. Pure and synchronous; timestamps are added on the loop.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from conversations.providers.base import VAD
+from devices.protocol.opus import AudioError, OpusDecoder
+
+SAMPLE_RATE = 16000
+BYTES_PER_MS = SAMPLE_RATE * 2 // 1000
+PREROLL_MS = 600
+KEEP_IDLE_MS = PREROLL_MS + 400  # pre-roll plus the windows VAD needs before it fires
+MAX_UTTERANCE_MS = 30_000
+MAX_MANUAL_MS = 60_000
+SPECULATE_AFTER_MS = 120  # Whisper needs ~0.3-0.5 s: start it well inside the silence window
+Outcome = tuple[Any, BaseException | None]  # (value, error) of one job
+
+
+@dataclass(frozen=True)
+class VADSettings:
+    threshold: float = 0.5
+    threshold_low: float = 0.3
+    min_silence_ms: float = 600.0
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Raw outcome from the worker thread; timestamps are added on the loop."""
+
+    kind: str  # "started" | "paused" | "resumed" | "stopped"
+    pcm: bytes = b""
+    speech_ms: float = 0.0
+
+
+class Ear:
+    """Decoder, VAD state, endpointing and PCM buffer of one session. Used in pool threads,
+    by one job at a time (its session awaits each job)."""
+
+    def __init__(self, settings: VADSettings, vad: VAD) -> None:
+        self._settings = settings
+        self._window_ms = vad.window_ms
+        self._decoder: OpusDecoder | None = None
+        self.vad_stream = vad.stream()
+        self._detector = VADDetector(settings.threshold, settings.threshold_low, settings.min_silence_ms,
+                                     window_ms=vad.window_ms)
+        self._buf = bytearray()
+        self._buf_start_ms = 0.0  # stream position of _buf[0]
+        self._utt_start_ms: float | None = None
+        self._voiced = False
+        self._quiet_ms = 0.0  # trailing unvoiced audio inside an utterance
+        self._paused = False
+
+    def reset(self) -> None:
+        self._detector.reset()
+        self.vad_stream.reset()
+        if self._decoder is not None:
+            self._decoder.reset()
+        self._buf.clear()
+        self._buf_start_ms = 0.0
+        self._utt_start_ms = None
+        self._voiced = self._paused = False
+        self._quiet_ms = 0.0
+
+    def hear(self, packets: list[bytes], endpointing: bool) -> tuple[bytes, int]:
+        """Decode and buffer a batch; return its PCM and the count of packets that would not
+        decode (manual mode buffers up to MAX_MANUAL_MS)."""
+        pcm, invalid = self._decode(packets)
+        if endpointing or len(self._buf) < MAX_MANUAL_MS * BYTES_PER_MS:
+            self._buf += pcm
+        return pcm, invalid
+
+    def endpoint(self, probabilities: list[float]) -> list[Mark]:
+        """Endpointing over the batch's window probabilities."""
+        marks: list[Mark] = []
+        for event in self._detector.feed(probabilities):
+            marks.append(self._mark(event))
+        marks += self._pause_marks(probabilities)
+        return marks + self._trim()
+
+    def take_all(self) -> bytes:
+        """Everything buffered (manual mode's `listen stop`); the buffer starts over."""
+        pcm = bytes(self._buf)
+        self.reset()
+        return pcm
+
+    def _decode(self, packets: list[bytes]) -> tuple[bytes, int]:
+        if self._decoder is None:
+            self._decoder = OpusDecoder(SAMPLE_RATE)
+        parts: list[bytes] = []
+        invalid = 0
+        for packet in packets:
+            try:
+                parts.append(self._decoder.decode(packet))
+            except AudioError:
+                invalid += 1
+        return b"".join(parts), invalid
+
+    def _mark(self, event: VADEvent) -> Mark:
+        if event.kind == SPEECH_STARTED:
+            self._utt_start_ms = max(self._buf_start_ms, event.speech_start_ms - PREROLL_MS)
+            self._quiet_ms, self._paused = 0.0, False
+            return Mark("started")
+        start = self._utt_start_ms if self._utt_start_ms is not None else self._buf_start_ms
+        self._utt_start_ms = None
+        speech_ms = (event.speech_end_ms or event.at_ms) - event.speech_start_ms
+        return Mark("stopped", self._slice(start, event.at_ms), speech_ms)
+
+    def _pause_marks(self, probabilities: list[float]) -> list[Mark]:
+        """A pause long enough to guess the utterance ended, or speech resuming after one."""
+        marks: list[Mark] = []
+        for prob in probabilities:
+            if prob >= self._settings.threshold:
+                self._voiced = True
+            elif prob <= self._settings.threshold_low:
+                self._voiced = False
+            self._quiet_ms = 0.0 if self._voiced else self._quiet_ms + self._window_ms
+            if self._paused and self._voiced:
+                self._paused = False
+                marks.append(Mark("resumed"))
+        in_speech = self._detector.in_speech and self._utt_start_ms is not None
+        if in_speech and not self._paused and self._quiet_ms >= SPECULATE_AFTER_MS:
+            self._paused = True
+            end = self._detector.position_ms
+            marks.append(Mark("paused", self._slice(self._utt_start_ms or 0.0, end)))
+        return marks
+
+    def _slice(self, start_ms: float, end_ms: float) -> bytes:
+        begin = int((start_ms - self._buf_start_ms) * BYTES_PER_MS) & ~1
+        end = int((end_ms - self._buf_start_ms) * BYTES_PER_MS) & ~1
+        return bytes(self._buf[max(0, begin) : max(0, end)])
+
+    def _trim(self) -> list[Mark]:
+        """Bound the buffer: pre-roll only while idle, `MAX_UTTERANCE_MS` in speech."""
+        end_ms = self._buf_start_ms + len(self._buf) / BYTES_PER_MS
+        if self._utt_start_ms is None:
+            self._drop_before(end_ms - KEEP_IDLE_MS)
+            return []
+        self._drop_before(self._utt_start_ms)
+        if end_ms - self._utt_start_ms < MAX_UTTERANCE_MS:
+            return []
+        # A monologue (or endless noise): hand over what we have and start afresh.
+        pcm = bytes(self._buf)
+        self.reset()
+        return [Mark("stopped", pcm, MAX_UTTERANCE_MS)]
+
+    def _drop_before(self, ms: float) -> None:
+        count = int((ms - self._buf_start_ms) * BYTES_PER_MS) & ~1
+        if count > 0:
+            del self._buf[:count]
+            self._buf_start_ms += count / BYTES_PER_MS
+
+
+@dataclass
+class EarJob:
+    """One session's batch of packets for the pool."""
+
+    ear: Ear
+    packets: list[bytes]
+    endpointing: bool  # False in manual mode: buffer only, `listen stop` ends the utterance
+
+
+@dataclass(frozen=True)
+class HearingBatch:
+    """The BatchRunner (cpu_pool.py) of every session using `vad`: one per VAD provider,
+    equal for equal providers, so the jobs of all those sessions share one call."""
+
+    vad: VAD
+
+    def run_batch(self, jobs: list[EarJob]) -> list[Outcome]:
+        """Decode every job's packets, run the VAD for all of them at once, then endpoint each
+        session. A job's failure is its own; a failed VAD run fails the jobs that needed it
+        (their sessions log it and go on with the next batch). A job's value is
+        (marks, packets that would not decode)."""
+        outcomes: list[Outcome] = [(None, None)] * len(jobs)
+        heard: dict[int, bytes] = {}
+        for i, job in enumerate(jobs):
+            try:
+                pcm, invalid = job.ear.hear(job.packets, job.endpointing)
+            except Exception as exc:
+                outcomes[i] = (None, exc)
+                continue
+            outcomes[i] = (([], invalid), None)
+            if job.endpointing:
+                heard[i] = pcm
+        work: list[tuple[Any, bytes]] = []
+        for i, pcm in heard.items():
+            work.append((jobs[i].ear.vad_stream, pcm))
+        try:
+            probs = self.vad.probabilities(work)
+        except Exception as exc:
+            return [(None, exc) if i in heard else outcome for i, outcome in enumerate(outcomes)]
+        for i, p in zip(heard, probs, strict=True):
+            outcomes[i] = ((jobs[i].ear.endpoint(p), outcomes[i][0][1]), None)
+        return outcomes
+
+
+# -- the detector: probabilities in, speech started/stopped out ------------------------------
+
+SPEECH_STARTED = "speech_started"
+SPEECH_STOPPED = "speech_stopped"
+
+
+@dataclass(frozen=True)
+class VADEvent:
+    """An endpointing decision; all times are ms of audio since the detector's last reset.
+
+    `at_ms` is when the decision could be made (end of the deciding window). `speech_start_ms`
+    is the start of the first voiced window of the utterance, so callers can keep pre-roll
+    from there. `speech_end_ms` (stop events only) is the end of the last voiced window.
+    """
+
+    kind: str
+    at_ms: float
+    speech_start_ms: float
+    speech_end_ms: float | None = None
+
+
+class VADDetector:
+    """Dual-threshold endpointing over per-window probabilities (protocol-reference §9).
+
+    - A window is voiced if prob >= `threshold`, unvoiced if prob <= `threshold_low`, and in
+      between keeps the previous window's verdict (hysteresis against flicker).
+    - "Have voice" = at least `min_voiced` of the last `history` windows are voiced.
+    - Speech starts when "have voice" holds and the utterance (from its first voiced window)
+      is at least `min_speech_ms` long; stops when "have voice" has been false for
+      `min_silence_ms` since it was last true.
+    """
+
+    def __init__(
+        self,
+        threshold: float = 0.5,
+        threshold_low: float = 0.3,
+        min_silence_ms: float = 200.0,
+        min_speech_ms: float = 0.0,
+        *,
+        window_ms: float = 32.0,
+        history: int = 5,
+        min_voiced: int = 3,
+    ) -> None:
+        if not 0.0 <= threshold_low <= threshold <= 1.0:
+            raise ValueError("need 0 <= threshold_low <= threshold <= 1")
+        if not 1 <= min_voiced <= history:
+            raise ValueError("need 1 <= min_voiced <= history")
+        self.threshold, self.threshold_low = threshold, threshold_low
+        self.min_silence_ms, self.min_speech_ms = min_silence_ms, min_speech_ms
+        self.window_ms, self.min_voiced = window_ms, min_voiced
+        self._recent: deque[bool] = deque(maxlen=history)
+        self.reset()
+
+    def reset(self) -> None:
+        self._recent.clear()
+        self._windows = 0
+        self._voiced = False
+        self.in_speech = False
+        self._start_ms: float | None = None  # first voiced window of the current candidate
+        self._last_voiced_end_ms = 0.0  # end of the last individually voiced window
+        self._last_have_voice_ms = 0.0  # last time the majority said "voice"
+
+    @property
+    def position_ms(self) -> float:
+        """Audio consumed so far."""
+        return self._windows * self.window_ms
+
+    def feed(self, probabilities: list[float]) -> list[VADEvent]:
+        """Consume window probabilities in order; return the events they caused."""
+        events: list[VADEvent] = []
+        for prob in probabilities:
+            event = self._step(prob)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _step(self, prob: float) -> VADEvent | None:
+        window_start = self._windows * self.window_ms  # position_ms, without a call per window
+        self._windows += 1
+        now = self._windows * self.window_ms
+        if prob >= self.threshold:
+            self._voiced = True
+        elif prob <= self.threshold_low:
+            self._voiced = False
+        self._recent.append(self._voiced)
+        have_voice = sum(self._recent) >= self.min_voiced
+        if have_voice:
+            self._last_have_voice_ms = now
+        # Stop is judged before this window is credited to the utterance, so a voiced window
+        # that arrives as the silence timer expires starts the next candidate instead.
+        event = self._stopped(now, have_voice) if self.in_speech else None
+        if self._voiced:
+            self._last_voiced_end_ms = now
+            if self._start_ms is None:
+                self._start_ms = window_start
+        if not self.in_speech and event is None:
+            event = self._started(now, have_voice)
+        return event
+
+    def _started(self, now: float, have_voice: bool) -> VADEvent | None:
+        if not any(self._recent):
+            self._start_ms = None  # the candidate died out before it was long enough
+            return None
+        if not have_voice or self._start_ms is None:
+            return None
+        if self._last_voiced_end_ms - self._start_ms < self.min_speech_ms:
+            return None
+        self.in_speech = True
+        return VADEvent(SPEECH_STARTED, now, self._start_ms)
+
+    def _stopped(self, now: float, have_voice: bool) -> VADEvent | None:
+        if have_voice or now - self._last_have_voice_ms < self.min_silence_ms:
+            return None
+        start = self._start_ms if self._start_ms is not None else 0.0
+        self.in_speech = False
+        self._start_ms = None
+        return VADEvent(SPEECH_STOPPED, now, start, self._last_voiced_end_ms)

@@ -1,0 +1,71 @@
+"""The CPU mill: jobs of many sessions go to the pool in groups; batched jobs share one call."""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pytest
+
+from conversations.pipeline.cpu_pool import CpuMill, Outcome
+
+
+async def test_the_cpu_mill_groups_pending_jobs_and_isolates_failures() -> None:
+    pool = ThreadPoolExecutor(1)
+    mill = CpuMill(pool, max_inflight=1)
+    ran: list[int] = []
+
+    def job(n: int) -> int:
+        ran.append(n)
+        if n == 3:
+            raise ValueError("bad packet")
+        return n * 10
+
+    futures = [mill.run(lambda n=n: job(n)) for n in range(6)]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert results[:3] == [0, 10, 20] and isinstance(results[3], ValueError) and results[4:] == [40, 50]
+    assert ran == list(range(6))  # submission order, one thread
+    pool.shutdown()
+    with pytest.raises(RuntimeError):
+        await mill.run(lambda: 1)
+
+
+@dataclass(frozen=True)
+class Doubler:
+    """A batch runner that records the size of every call it gets."""
+
+    calls: list[int] = field(default_factory=list, compare=False, hash=False)
+    name: str = "double"
+
+    def run_batch(self, jobs: list[int]) -> list[Outcome]:
+        self.calls.append(len(jobs))
+        return [(None, ValueError("odd")) if n == 7 else (n * 2, None) for n in jobs]
+
+
+async def test_batched_jobs_pending_together_share_one_call_and_keep_their_own_results() -> None:
+    pool = ThreadPoolExecutor(1)
+    mill = CpuMill(pool, max_inflight=1)
+    runner = Doubler()
+    first = mill.run(lambda: "plain")  # occupies the only slot: the rest wait together
+    batched = [mill.run_batched(runner, n) for n in (1, 7, 3)]
+    same_kind = mill.run_batched(Doubler(runner.calls), 4)  # an equal runner joins the call
+    results = await asyncio.gather(first, *batched, same_kind, return_exceptions=True)
+    assert results[0] == "plain" and results[1] == 2 and isinstance(results[2], ValueError)
+    assert results[3:] == [6, 8]
+    assert runner.calls == [4]
+    pool.shutdown()
+
+
+async def test_a_runner_that_raises_fails_only_its_own_jobs() -> None:
+    class Broken:
+        def run_batch(self, jobs: list[int]) -> list[Outcome]:
+            raise RuntimeError("bug")
+
+    pool = ThreadPoolExecutor(1)
+    mill = CpuMill(pool, max_inflight=1)
+    blocker = mill.run(lambda: "first")
+    broken = mill.run_batched(Broken(), 1)
+    fine = mill.run(lambda: "fine")
+    results = await asyncio.gather(blocker, broken, fine, return_exceptions=True)
+    assert results[0] == "first" and isinstance(results[1], RuntimeError) and results[2] == "fine"
+    pool.shutdown()
