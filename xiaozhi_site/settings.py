@@ -176,7 +176,9 @@ XIAOZHI_ADMIN_LOGIN_COOLOFF_SECONDS = envint("XIAOZHI_ADMIN_LOGIN_COOLOFF_SECOND
 AXES_FAILURE_LIMIT = XIAOZHI_ADMIN_LOGIN_FAILURES
 AXES_COOLOFF_TIME = timedelta(seconds=XIAOZHI_ADMIN_LOGIN_COOLOFF_SECONDS)
 AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]  # each on its own: per address, per account
-AXES_RESET_ON_SUCCESS = True  # a person who mistyped and then got in starts afresh
+# Failures expire after the cool-off, not on a success: axes' reset-on-success deletes every
+# count of the address, so a valid account would let an attacker wipe another's count.
+AXES_RESET_ON_SUCCESS = False
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False  # "try again in N minutes" stays true
 AXES_CLIENT_IP_CALLABLE = "xiaozhi_site.login_throttle.client_ip"
 AXES_LOCKOUT_CALLABLE = "xiaozhi_site.login_throttle.lockout_response"

@@ -260,17 +260,23 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         session, self.session = self.session, None
-        if session is not None:
-            await session.aclose()
-        if self.admitted:
-            self.admitted = False
-            if self.grant is not None:
-                PROCESS.keys.close(self.grant.key_id)
-                try:
-                    await self.channel_layer.group_discard(key_group(self.grant.key_id), self.channel_name)
-                except Exception:
-                    log.info("gateway key group discard failed", extra={"key_id": self.grant.key_id})
-            await PROCESS.release()
+        admitted, self.admitted = self.admitted, False
+        if admitted and self.grant is not None:
+            PROCESS.keys.close(self.grant.key_id)  # before any await: a cancelled disconnect keeps no slot
+        try:
+            if session is not None:
+                await session.aclose()
+        finally:
+            if admitted:
+                await PROCESS.release()
+                if self.grant is not None:
+                    await self._leave_key_group(self.grant.key_id)
+
+    async def _leave_key_group(self, key_id: int) -> None:
+        try:
+            await self.channel_layer.group_discard(key_group(key_id), self.channel_name)
+        except Exception:
+            log.info("gateway key group discard failed", extra={"key_id": key_id})
 
     async def send_text(self, text: str) -> None:
         """Transport for the session."""

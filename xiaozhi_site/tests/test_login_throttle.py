@@ -76,6 +76,13 @@ def test_an_account_is_locked_after_failures_from_several_addresses(server: Any)
     assert login(url, "192.0.2.1", "dave", "dave-password")[0] == 302  # another user from one of them
 
 
+def test_logging_in_with_ones_own_account_between_guesses_does_not_reset_the_count(server: Any) -> None:
+    url = server.http_url
+    assert [login(url, "192.0.2.50", "dave", "wrong")[0] for _ in range(4)] == [200] * 4
+    assert login(url, "192.0.2.50", "bob", "bob-password")[0] == 302
+    assert login(url, "192.0.2.50", "dave", "wrong")[0] == 429
+
+
 def test_the_lock_ends_after_the_cool_off(asgi_server_factory: Any) -> None:
     users("erin")
     server = asgi_server_factory(XIAOZHI_ADMIN_LOGIN_FAILURES="2", XIAOZHI_ADMIN_LOGIN_COOLOFF_SECONDS="2")
