@@ -26,6 +26,7 @@ from conversations.gateway import protocol
 KEY_PREFIX = "xzgw_"
 PREFIX_LENGTH = 12  # "xzgw_" and 7 random characters: shown in the admin to tell keys apart
 MAX_KEY_LENGTH = 256  # longer credentials are refused without hashing them
+_MAX_QUERY_FIELDS = 20
 
 CLOSE_UNAUTHORIZED = 4001  # as the device WebSocket's "authentication failed"
 CLOSE_TRY_AGAIN_LATER = 1013  # seed §11.1 (server full); also the key's connection cap
@@ -70,7 +71,10 @@ def credential(scope: dict[str, Any]) -> str | None:
     query = scope.get("query_string") or b""
     if isinstance(query, bytes):
         query = query.decode("latin-1")
-    tokens = parse_qs(query, max_num_fields=20).get("token") if query else None
+    try:
+        tokens = parse_qs(query, max_num_fields=_MAX_QUERY_FIELDS).get("token") if query else None
+    except ValueError:  # more fields than any client of ours sends
+        return None
     return _bounded(tokens[0]) if tokens else None
 
 

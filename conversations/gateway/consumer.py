@@ -162,14 +162,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         await self.accept()
-        if settings.CLOUD_AUTH == "required":
-            self.grant = await self._authenticate()
-            if self.grant is None:
-                return
-        if not await self._admit():
-            return
-        self.admitted = True
         try:
+            if settings.CLOUD_AUTH == "required":
+                self.grant = await self._authenticate()
+                if self.grant is None:
+                    return
+            if not await self._admit():
+                return
+            self.admitted = True
             llm = PROCESS.acquire()
             if self.grant is not None:
                 await self._join_key_group(self.grant.key_id)

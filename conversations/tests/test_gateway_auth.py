@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import re
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -493,3 +494,21 @@ async def test_an_operator_creates_a_key_sees_it_once_and_revoking_it_closes_its
     browser.open(f"/admin/conversations/gatewaykey/{key.pk}/change/")
     assert shown not in browser.driver.page_source
     browser.screenshot("gateway-key-change")
+
+
+def test_a_query_string_with_too_many_fields_carries_no_credential() -> None:
+    assert credential(scope(query="&".join(f"f{n}=1" for n in range(30)) + "&token=xzgw_x")) is None
+
+
+def test_the_page_with_a_new_key_is_never_cached_and_no_other_page_shows_the_key(admin_client: Any) -> None:
+    response = admin_client.post("/admin/conversations/gatewaykey/add/", {
+        "name": "Hall display", "requests_per_minute": "30", "max_connections": "2", "_save": "Save",
+    })  # fmt: skip
+    assert response.status_code == 200
+    secret = re.search(rb'id="gateway-key" type="text" readonly value="(xzgw_[^"]+)"', response.content)
+    assert secret, "the new key is on the page"
+    key = GatewayKey.objects.get(name="Hall display")
+    assert key.key_hash == key_digest(secret.group(1).decode()) and "no-store" in response["Cache-Control"]
+    for page in ("/admin/conversations/gatewaykey/", f"/admin/conversations/gatewaykey/{key.pk}/change/"):
+        shown = admin_client.get(page)
+        assert shown.status_code == 200 and secret.group(1) not in shown.content and key.prefix.encode() in shown.content

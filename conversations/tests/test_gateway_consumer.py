@@ -1,7 +1,7 @@
 """GatewayConsumer end to end: Channels' WebsocketCommunicator through the project's routes,
 and the real server (daphne subprocess) for the connection limit, frame limits and the
 documented example client. The LLM is FakeOpenAI over real HTTP. Every client sends a
-gateway API key (CLOUD_AUTH=required, the default); test_gateway_auth.py tests the keys."""
+gateway API key (the root conftest's `gateway_key`; CLOUD_AUTH=required is the default)."""
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +20,6 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from conversations.gateway.consumer import PROCESS
-from conversations.gateway.keys import gateway_key_create
 from conversations.models import Conversation, Turn
 from conversations.providers.base import LLMDelta
 from conversations.routing import websocket_urlpatterns
@@ -36,12 +35,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def fake() -> Iterator[FakeOpenAI]:
     with FakeOpenAI() as server:
         yield server
-
-
-@pytest.fixture
-def gateway_key(transactional_db: None) -> str:
-    """A key whose limits stay out of the way of tests about something else."""
-    return gateway_key_create(name="tests", requests_per_minute=100_000, max_connections=500)[1]
 
 
 @pytest.fixture

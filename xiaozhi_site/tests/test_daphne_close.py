@@ -23,14 +23,11 @@ async def test_a_refused_device_hears_the_code_and_the_reason(asgi_server) -> No
     assert code == 4001 and reason == "device id missing"
 
 
-async def test_a_registered_code_like_1013_goes_out_unchanged(asgi_server_factory) -> None:  # noqa: ANN001
-    from asgiref.sync import sync_to_async
-
-    from conversations.gateway.keys import gateway_key_create
-
-    _, key = await sync_to_async(gateway_key_create)(name="close codes")
+async def test_a_registered_code_like_1013_goes_out_unchanged(
+    asgi_server_factory, gateway_key: str  # noqa: ANN001
+) -> None:
     server = asgi_server_factory(CLOUD_MAX_CONNECTIONS="1")
-    async with connect(f"{server.ws_url}/llm/v1/?token={key}", open_timeout=5) as first:
+    async with connect(f"{server.ws_url}/llm/v1/?token={gateway_key}", open_timeout=5) as first:
         await first.recv()  # status: connected
-        code, reason = await _close_of(f"{server.ws_url}/llm/v1/?token={key}")
+        code, reason = await _close_of(f"{server.ws_url}/llm/v1/?token={gateway_key}")
     assert code == 1013 and reason
