@@ -277,7 +277,8 @@ class GatewayKeyAdmin(admin.ModelAdmin):
     @admin.action(description=_("Revoke selected keys (final; closes their connections)"))
     def revoke(self, request: HttpRequest, queryset: QuerySet[GatewayKey]) -> None:
         count = gateway_keys_revoke(queryset)
-        self.message_user(request, ngettext("%(count)d key revoked.", "%(count)d keys revoked.", count) % {"count": count})
+        message = ngettext("%(count)d key revoked.", "%(count)d keys revoked.", count) % {"count": count}
+        self.message_user(request, message)
 
     def delete_model(self, request: HttpRequest, obj: GatewayKey) -> None:
         key_id = obj.pk

@@ -189,10 +189,15 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         grant = await database_sync_to_async(gateway_key_authenticate)(secret) if secret else None
         if grant is None:
             address = scope_client_address(self.scope)
-            log.warning("gateway connection refused, no valid key", extra={"address": address, "sent": bool(secret)})
-            message, reason = ("Invalid or revoked key", "invalid key") if secret else ("Authentication required", "key missing")
+            if secret:
+                log.warning("gateway connection refused, invalid or revoked key", extra={"address": address})
+                message, reason = "Invalid or revoked key", "invalid key"
+            else:
+                log.info("gateway connection refused, no key", extra={"address": address})
+                message, reason = "Authentication required", "key missing"
             details = "send an API key as 'Authorization: Bearer <key>' or '?token=<key>'"
-            await self._refuse(error_message(AuthErrorCode.UNAUTHORIZED, message, details), CLOSE_UNAUTHORIZED, reason)
+            error = error_message(AuthErrorCode.UNAUTHORIZED, message, details)
+            await self._refuse(error, CLOSE_UNAUTHORIZED, reason)
         return grant
 
     async def _admit(self) -> bool:
@@ -226,8 +231,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def gateway_key_revoked(self, event: dict[str, Any]) -> None:
         """The admin revoked (or deleted) this connection's key."""
         self.revoked = True
-        details = "the key was revoked by an administrator"
-        await self._refuse(error_message(AuthErrorCode.UNAUTHORIZED, "Key revoked", details), CLOSE_UNAUTHORIZED, "key revoked")
+        error = error_message(AuthErrorCode.UNAUTHORIZED, "Key revoked", "the key was revoked by an administrator")
+        await self._refuse(error, CLOSE_UNAUTHORIZED, "key revoked")
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels runs close_old_connections() on the single DB thread before every handler.
@@ -255,7 +260,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             return True
         log.info("gateway request refused, key rate limit", extra={"key_id": grant.key_id})
         details = f"at most {grant.requests_per_minute} requests per minute; retry in {math.ceil(wait)} s"
-        await self.send(text_data=protocol.encode(error_message(AuthErrorCode.RATE_LIMITED, "Rate limit exceeded", details)))
+        error = error_message(AuthErrorCode.RATE_LIMITED, "Rate limit exceeded", details)
+        await self.send(text_data=protocol.encode(error))
         return False
 
     async def disconnect(self, code: int) -> None:

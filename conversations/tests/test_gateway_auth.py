@@ -244,7 +244,9 @@ async def test_an_unknown_or_revoked_key_is_refused_with_4001(gateway_settings: 
         assert await _close_code(socket) == 4001
 
 
-async def test_a_key_in_the_query_string_works_and_its_use_is_recorded(gateway_settings: Any, communicators: list) -> None:
+async def test_a_key_in_the_query_string_works_and_its_use_is_recorded(
+    gateway_settings: Any, communicators: list
+) -> None:
     secret = await sync_to_async(create_key)()
     socket = await _open(communicators, query=f"token={secret}")
     assert (await _next(socket))["status"] == "connected"
@@ -276,7 +278,8 @@ async def test_a_persona_on_the_key_gives_the_gateway_its_prompt(
     gateway_settings: Any, communicators: list, fake: FakeOpenAI
 ) -> None:
     persona = await Persona.objects.acreate(
-        name="Ada", language="en", system_prompt="You are {persona_name} for {device_name}, in {language}. {current_time}"
+        name="Ada", language="en",
+        system_prompt="You are {persona_name} for {device_name}, in {language}. {current_time}",
     )
     secret = await sync_to_async(create_key)(name="kiosk", persona=persona)
     socket = await _open(communicators, key=secret)
@@ -511,4 +514,5 @@ def test_the_page_with_a_new_key_is_never_cached_and_no_other_page_shows_the_key
     assert key.key_hash == key_digest(secret.group(1).decode()) and "no-store" in response["Cache-Control"]
     for page in ("/admin/conversations/gatewaykey/", f"/admin/conversations/gatewaykey/{key.pk}/change/"):
         shown = admin_client.get(page)
-        assert shown.status_code == 200 and secret.group(1) not in shown.content and key.prefix.encode() in shown.content
+        assert shown.status_code == 200 and key.prefix.encode() in shown.content
+        assert secret.group(1) not in shown.content
