@@ -244,6 +244,22 @@ async def test_an_unknown_or_revoked_key_is_refused_with_4001(gateway_settings: 
         assert await _close_code(socket) == 4001
 
 
+@pytest.mark.parametrize("headers, query", [
+    ([(b"authorization", b"Bearer \x00\xff\xfe' OR 1=1 --")], ""),
+    ([], "token=%00%FF%ED%A0%80"),
+    ([(b"authorization", b"Bearer " + b"\xe5\xa5\xbd" * 80)], ""),
+])  # fmt: skip
+async def test_hostile_credentials_are_just_invalid_keys(
+    gateway_settings: Any, communicators: list, headers: list, query: str
+) -> None:
+    communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/llm/v1/?{query}", headers=headers)
+    assert (await communicator.connect())[0]
+    communicators.append(communicator)
+    error = await _next(communicator)
+    assert (error["code"], error["message"]) == ("UNAUTHORIZED", "Invalid or revoked key")
+    assert await _close_code(communicator) == 4001
+
+
 async def test_a_key_in_the_query_string_works_and_its_use_is_recorded(
     gateway_settings: Any, communicators: list
 ) -> None:
