@@ -165,3 +165,13 @@ def staff_user(transactional_db: None):  # noqa: ANN201
     from django.contrib.auth import get_user_model
 
     return get_user_model().objects.create_superuser("alice", "alice@example.com", "alice-password")
+
+
+@pytest.fixture
+def gateway_key(transactional_db: None) -> str:
+    """An LLM Gateway API key (committed, so a server subprocess sees it) whose limits stay
+    out of the way of tests about something else. Send it as `Authorization: Bearer <key>`
+    or `?token=<key>`; tests of the keys themselves are in test_gateway_auth.py."""
+    from conversations.gateway.keys import gateway_key_create
+
+    return gateway_key_create(name="tests", requests_per_minute=100_000, max_connections=500)[1]

@@ -3,8 +3,9 @@
     .venv/bin/python bench/p6_gateway.py [--clients 100] [--messages 20] [--sequential 1000]
 
 Starts the real server (daphne, testing/server.py) on a fresh database in a temporary data
-directory, with LLM_BASE_URL pointing at FakeOpenAI answering at once, then opens N
-WebSocket clients over real sockets, all connected at the same time, and measures:
+directory, with LLM_BASE_URL pointing at FakeOpenAI answering at once, creates a gateway API
+key (`manage.py gateway_key_create`, limits above what the run needs), then opens N WebSocket
+clients over real sockets with that key, all connected at the same time, and measures:
 
 - 1 in flight: one question at a time, round-robin over the N connected clients: the
   gateway's latency including the stub's HTTP round trip (the P6 figure);
@@ -194,6 +195,14 @@ def migrate(env: dict[str, str]) -> None:
     )  # fmt: skip
 
 
+def create_key(env: dict[str, str], args: argparse.Namespace) -> str:
+    """A gateway API key whose limits the run never reaches (the clients all share it)."""
+    command = [sys.executable, "manage.py", "gateway_key_create", "p6", "--max-connections", str(args.clients),
+               "--requests-per-minute", "10000000"]  # fmt: skip
+    run = subprocess.run(command, cwd=BASE_DIR, env={**os.environ, **env}, check=True, capture_output=True, text=True)
+    return run.stdout.strip()
+
+
 def server_split(db_path: str, args: argparse.Namespace) -> tuple[float, float]:
     """p50 of the turn inside the server and of its LLM call, for the 1-in-flight phase,
     from the timings the gateway stores with every turn (after the warm-up turns)."""
@@ -249,8 +258,9 @@ def main() -> None:
             **dict(item.split("=", 1) for item in args.env),
         }
         migrate(env)
+        key = create_key(env, args)
         with AsgiServer(env=env, log_path=Path(data_dir) / "server.log") as server:
-            results, refused = asyncio.run(run(f"{server.ws_url}/llm/v1/", fake.base_url, args))
+            results, refused = asyncio.run(run(f"{server.ws_url}/llm/v1/?token={key}", fake.base_url, args))
         split = server_split(f"{data_dir}/db.sqlite3", args)  # the last disconnect flushed history
     report(results, refused, args, split)
 

@@ -38,7 +38,8 @@ from conversations.admin_filters import (
     count_turns,
 )
 from conversations.audio_views import turn_audio
-from conversations.models import Conversation, Persona, Turn
+from conversations.gateway.keys import gateway_key_issue, gateway_keys_disconnect, gateway_keys_revoke
+from conversations.models import Conversation, GatewayKey, Persona, Turn
 from conversations.providers import registry
 from conversations.review import (
     TURNS_PER_PAGE,
@@ -333,3 +334,72 @@ class TurnAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class GatewayKeyStatusFilter(admin.SimpleListFilter):
+    title = _("status")
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("active", _("active")), ("revoked", _("revoked"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[GatewayKey]) -> QuerySet[GatewayKey]:
+        if self.value() in ("active", "revoked"):
+            return queryset.filter(revoked_at__isnull=self.value() == "active")
+        return queryset
+
+
+@admin.register(GatewayKey)
+class GatewayKeyAdmin(admin.ModelAdmin):
+    """LLM Gateway API keys (docs/security.md). The key is shown once, on the page after
+    "Save" of a new key; only its hash is stored. Revoking is final and closes the key's live
+    connections; edit the limits or the persona at any time (they apply to new connections)."""
+
+    list_display = ("name", "prefix", "persona", "requests_per_minute", "max_connections", "active", "last_used_at")
+    list_filter = (GatewayKeyStatusFilter, "persona")
+    search_fields = ("name", "prefix")
+    list_select_related = ("persona",)
+    actions = ("revoke",)
+
+    def get_fields(self, request: HttpRequest, obj: GatewayKey | None = None) -> list[str]:
+        fields = ["name", "persona", "requests_per_minute", "max_connections"]
+        return fields if obj is None else fields + ["prefix", "created_at", "last_used_at", "revoked_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: GatewayKey | None = None) -> list[str]:
+        return [] if obj is None else ["prefix", "created_at", "last_used_at", "revoked_at"]
+
+    @admin.display(description=_("active"), boolean=True, ordering="revoked_at")
+    def active(self, key: GatewayKey) -> bool:
+        return key.is_active
+
+    def save_model(self, request: HttpRequest, obj: GatewayKey, form: Any, change: bool) -> None:
+        if not change:
+            obj.issued_secret = gateway_key_issue(obj)  # type: ignore[attr-defined]  # for response_add only
+        super().save_model(request, obj, form, change)
+
+    def response_add(self, request: HttpRequest, obj: GatewayKey, post_url_continue: str | None = None) -> Any:
+        """The one page that shows the key: rendered here, never stored or redirected."""
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Gateway API key created"),
+            "opts": self.opts,
+            "key": obj,
+            "secret": obj.issued_secret,  # type: ignore[attr-defined]
+        }
+        return TemplateResponse(request, "admin/conversations/gatewaykey/created.html", context)
+
+    @admin.action(description=_("Revoke selected keys (final; closes their connections)"))
+    def revoke(self, request: HttpRequest, queryset: QuerySet[GatewayKey]) -> None:
+        count = gateway_keys_revoke(queryset)
+        message = ngettext("%(count)d key revoked.", "%(count)d keys revoked.", count) % {"count": count}
+        self.message_user(request, message)
+
+    def delete_model(self, request: HttpRequest, obj: GatewayKey) -> None:
+        key_id = obj.pk
+        super().delete_model(request, obj)
+        gateway_keys_disconnect([key_id])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[GatewayKey]) -> None:
+        key_ids = list(queryset.values_list("pk", flat=True))
+        super().delete_queryset(request, queryset)
+        gateway_keys_disconnect(key_ids)

@@ -1,4 +1,4 @@
-"""Personas and conversation history."""
+"""Personas, conversation history and LLM Gateway API keys."""
 from __future__ import annotations
 
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -204,3 +204,41 @@ class Turn(models.Model):
     def __str__(self) -> str:
         return gettext("turn %(index)d of conversation %(conversation)s") % {
             "index": self.index, "conversation": self.conversation_id}
+
+
+class GatewayKey(models.Model):
+    """An API key for the LLM Gateway (docs/security.md). Only the SHA-256 of the key is
+    stored: the key itself is shown once, when it is created (admin or `manage.py
+    gateway_key_create`); `prefix` is its first characters, to tell keys apart."""
+
+    name = models.CharField(_("name"), max_length=100, help_text=_("Who or what uses this key."))
+    prefix = models.CharField(_("prefix"), max_length=16, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    persona = models.ForeignKey(
+        Persona, null=True, blank=True, on_delete=models.SET_NULL, related_name="gateway_keys",
+        verbose_name=_("persona"),
+        help_text=_("Optional: its name and prompt replace the gateway's default system prompt."),
+    )
+    requests_per_minute = models.PositiveIntegerField(
+        _("requests per minute"), default=60, validators=[MinValueValidator(1)],
+        help_text=_("text_input messages over all of this key's connections; bursts up to this many."),
+    )
+    max_connections = models.PositiveIntegerField(
+        _("concurrent connections"), default=5, validators=[MinValueValidator(1)],
+        help_text=_("Connections this key may hold open at once."),
+    )
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    last_used_at = models.DateTimeField(_("last used"), null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(_("revoked"), null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["name", "pk"]
+        verbose_name = _("gateway API key")
+        verbose_name_plural = _("gateway API keys")
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None

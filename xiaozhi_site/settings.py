@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -55,6 +56,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "xiaozhi_site.login_protection.LoginProtectionConfig",  # django-axes
     "devices",
     "tools",
     "conversations",
@@ -71,6 +73,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes wants: turns a lock-out into its page
 ]
 
 ROOT_URLCONF = "xiaozhi_site.urls"
@@ -181,6 +184,25 @@ SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("DJANGO_DATA_UPLOAD_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 
+# Admin login throttling (django-axes; docs/security.md "Admin"): failed logins are counted in
+# the database per client address and per username; either one locked for the cool-off.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out login before the password check
+    "django.contrib.auth.backends.ModelBackend",
+]
+XIAOZHI_ADMIN_LOGIN_FAILURES = envint("XIAOZHI_ADMIN_LOGIN_FAILURES", 5, minimum=1)
+XIAOZHI_ADMIN_LOGIN_COOLOFF_SECONDS = envint("XIAOZHI_ADMIN_LOGIN_COOLOFF_SECONDS", 900, minimum=1)
+AXES_FAILURE_LIMIT = XIAOZHI_ADMIN_LOGIN_FAILURES
+AXES_COOLOFF_TIME = timedelta(seconds=XIAOZHI_ADMIN_LOGIN_COOLOFF_SECONDS)
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]  # each on its own: per address, per account
+# Failures expire after the cool-off, not on a success: axes' reset-on-success deletes every
+# count of the address, so a valid account would let an attacker wipe another's count.
+AXES_RESET_ON_SUCCESS = False
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False  # "try again in N minutes" stays true
+AXES_CLIENT_IP_CALLABLE = "xiaozhi_site.login_throttle.client_ip"
+AXES_LOCKOUT_CALLABLE = "xiaozhi_site.login_throttle.lockout_response"
+AXES_VERBOSE = False  # no banner on every manage.py command; lock-outs still log warnings
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -231,7 +253,11 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+    "loggers": {
+        "daphne": {"level": "WARNING"},
+        "django.channels.server": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},  # every failed login at INFO otherwise; lock-outs are warnings
+    },
 }
 
 # --- Device provisioning (OTA, activation, tokens) ------------------------------------
@@ -374,6 +400,13 @@ CLOUD_SESSION_CLEANUP_INTERVAL = envfloat("CLOUD_SESSION_CLEANUP_INTERVAL", 60.0
 CLOUD_HISTORY_MESSAGES = envint("CLOUD_HISTORY_MESSAGES", 10, minimum=0)
 CLIENT_TOOLS_ENABLED = envbool("CLIENT_TOOLS_ENABLED", True)
 CLIENT_TOOLS_MAX_COUNT = envint("CLIENT_TOOLS_MAX_COUNT", 32, minimum=0)
+# required: every connection needs a gateway API key (admin → Gateway API keys); open: none
+# (a trusted LAN only). docs/security.md.
+CLOUD_AUTH = envchoice("CLOUD_AUTH", "required", ("required", "open"))
+# Memory bounds of resumable sessions: disconnected sessions kept (oldest dropped first) and
+# the conversation history one session keeps, in bytes of text (oldest exchanges dropped).
+CLOUD_MAX_DETACHED_SESSIONS = envint("CLOUD_MAX_DETACHED_SESSIONS", 1000, minimum=0)
+CLOUD_SESSION_HISTORY_BYTES = envint("CLOUD_SESSION_HISTORY_BYTES", 32 * 1024, minimum=1024)
 
 # --- Celery beat schedule ------------------------------------------------------------------
 CELERY_BEAT_SCHEDULE = {

@@ -1,15 +1,18 @@
 """GatewayConsumer: the thin Channels adapter between a text client and a GatewaySession.
 
-connect → admit (CLOUD_MAX_CONNECTIONS, seed §11.1: accept, then close 1013 when full) and
-start a session; receive → `session.feed()`; disconnect → `session.aclose()`. Process-wide
-pieces live here because they need settings: the connection counter, the session store
-(store.py explains why it is in-process) and one LLM client per event loop (building an
-OpenAI client costs ~35 ms of TLS setup, too much to pay on every connection).
+connect → authenticate the API key (auth.py; CLOUD_AUTH=required: accept, then `error`
+UNAUTHORIZED and close 4001 without a valid key) → admit (the key's connection cap, then
+CLOUD_MAX_CONNECTIONS, seed §11.1: close 1013 when full) and start a session; receive → the
+key's rate limit for `text_input`, then `session.feed()`; disconnect → `session.aclose()`.
+Process-wide pieces live here because they need settings: the connection counters, the
+session store (store.py explains why it is in-process) and one LLM client per event loop
+(building an OpenAI client costs ~35 ms of TLS setup, too much to pay on every connection).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +21,17 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from conversations.gateway import protocol
+from conversations.gateway.auth import (
+    CLOSE_TRY_AGAIN_LATER,
+    CLOSE_UNAUTHORIZED,
+    AuthErrorCode,
+    KeyGrant,
+    KeyLimits,
+    credential,
+    error_message,
+    is_text_input,
+)
+from conversations.gateway.keys import gateway_key_authenticate, key_group
 from conversations.gateway.protocol import ErrorCode
 from conversations.gateway.services import gateway_characters, gateway_llm_chain
 from conversations.gateway.session import GatewaySession
@@ -32,11 +46,11 @@ from conversations.turns.record import TurnRecord
 
 log = logging.getLogger(__name__)
 
-CLOSE_TRY_AGAIN_LATER = 1013  # seed §11.1: the server is full
 CLOSE_INTERNAL_ERROR = 1011
 
 
-def gateway_config(characters: list[dict[str, str]]) -> GatewayConfig:
+def gateway_config(characters: list[dict[str, str]], system_prompt: str = "") -> GatewayConfig:
+    optional = {"system_prompt": system_prompt} if system_prompt else {}
     return GatewayConfig(
         model=settings.LLM_MODEL,
         llm_timeout=settings.LLM_TIMEOUT,
@@ -56,14 +70,16 @@ def gateway_config(characters: list[dict[str, str]]) -> GatewayConfig:
         weather_base_url=settings.WEATHER_BASE_URL,
         geocoding_url=settings.WEATHER_GEOCODING_URL,
         characters=tuple(characters),
+        **optional,
     )
 
 
 class _Process:
-    """Per-process state: live connection count, the session store, the shared LLM chain."""
+    """Per-process state: live connection counts, the session store, the shared LLM chain."""
 
     def __init__(self) -> None:
         self.connections = 0
+        self.keys = KeyLimits()
         self.store = SessionStore(timeout=3600.0, cleanup_interval=60.0, on_expired=_conversations_end)
         self.history = HISTORY
         self.llm_factory: Callable[[], ProviderChain] = gateway_llm_chain  # replaceable, e.g. by a test
@@ -85,6 +101,8 @@ class _Process:
             self._llm = self.llm_factory()
         self.store.timeout = settings.CLOUD_SESSION_TIMEOUT
         self.store.cleanup_interval = settings.CLOUD_SESSION_CLEANUP_INTERVAL
+        self.store.max_detached = settings.CLOUD_MAX_DETACHED_SESSIONS
+        self.store.max_history_bytes = settings.CLOUD_SESSION_HISTORY_BYTES
         self.store.start_sweeper()
         return self._llm  # type: ignore[no-any-return]
 
@@ -126,24 +144,82 @@ class _HistoryHooks:
 class GatewayConsumer(AsyncWebsocketConsumer):
     session: GatewaySession | None = None
     admitted: bool = False
+    grant: KeyGrant | None = None  # the authenticated key (None with CLOUD_AUTH=open)
+    revoked: bool = False
 
     async def connect(self) -> None:
         await self.accept()
-        if not PROCESS.admit():
-            log.warning("gateway connection refused, limit reached", extra={"limit": settings.CLOUD_MAX_CONNECTIONS})
-            await self.close(code=CLOSE_TRY_AGAIN_LATER, reason="too many connections")
-            return
-        self.admitted = True
         try:
+            if settings.CLOUD_AUTH == "required":
+                self.grant = await self._authenticate()
+                if self.grant is None:
+                    return
+            if not await self._admit():
+                return
+            self.admitted = True
             llm = PROCESS.acquire()
+            if self.grant is not None:
+                await self._join_key_group(self.grant.key_id)
             characters = await database_sync_to_async(gateway_characters)()
             hooks = _HistoryHooks(scope_client_address(self.scope))
-            self.session = GatewaySession(self, gateway_config(characters), PROCESS.store, llm, hooks)
+            config = gateway_config(characters, self.grant.system_prompt if self.grant else "")
+            self.session = GatewaySession(self, config, PROCESS.store, llm, hooks)
             await self.session.start()
         except Exception:
             log.exception("gateway session failed to start")
             await self.send(text_data=protocol.encode(protocol.error(ErrorCode.INTERNAL_ERROR, "Internal error")))
             await self.close(code=CLOSE_INTERNAL_ERROR, reason="internal error")
+
+    async def _authenticate(self) -> KeyGrant | None:
+        """The handshake's key, checked before the connection counts or costs anything."""
+        secret = credential(self.scope)
+        grant = await database_sync_to_async(gateway_key_authenticate)(secret) if secret else None
+        if grant is None:
+            address = scope_client_address(self.scope)
+            if secret:
+                log.warning("gateway connection refused, invalid or revoked key", extra={"address": address})
+                message, reason = "Invalid or revoked key", "invalid key"
+            else:
+                log.info("gateway connection refused, no key", extra={"address": address})
+                message, reason = "Authentication required", "key missing"
+            details = "send an API key as 'Authorization: Bearer <key>' or '?token=<key>'"
+            error = error_message(AuthErrorCode.UNAUTHORIZED, message, details)
+            await self._refuse(error, CLOSE_UNAUTHORIZED, reason)
+        return grant
+
+    async def _admit(self) -> bool:
+        """The key's connection cap, then the process's (no await between the two counts)."""
+        grant = self.grant
+        if grant is not None and not PROCESS.keys.open(grant):
+            log.warning("gateway connection refused, key connection cap", extra={"key_id": grant.key_id})
+            details = f"this key may hold {grant.max_connections} connections at once"
+            error = error_message(AuthErrorCode.RATE_LIMITED, "Too many connections for this key", details)
+            await self._refuse(error, CLOSE_TRY_AGAIN_LATER, "too many connections for this key")
+            return False
+        if not PROCESS.admit():
+            if grant is not None:
+                PROCESS.keys.close(grant.key_id)
+            log.warning("gateway connection refused, limit reached", extra={"limit": settings.CLOUD_MAX_CONNECTIONS})
+            await self.close(code=CLOSE_TRY_AGAIN_LATER, reason="too many connections")
+            return False
+        return True
+
+    async def _refuse(self, error: dict[str, Any], code: int, reason: str) -> None:
+        await self.send(text_data=protocol.encode(error))
+        await self.close(code=code, reason=reason)
+
+    async def _join_key_group(self, key_id: int) -> None:
+        # Revoking the key in the admin reaches this connection through the channel layer.
+        try:
+            await self.channel_layer.group_add(key_group(key_id), self.channel_name)
+        except Exception:
+            log.warning("gateway connection not reachable for key revocation", extra={"key_id": key_id})
+
+    async def gateway_key_revoked(self, event: dict[str, Any]) -> None:
+        """The admin revoked (or deleted) this connection's key."""
+        self.revoked = True
+        error = error_message(AuthErrorCode.UNAUTHORIZED, "Key revoked", "the key was revoked by an administrator")
+        await self._refuse(error, CLOSE_UNAUTHORIZED, "key revoked")
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels runs close_old_connections() on the single DB thread before every handler.
@@ -155,20 +231,45 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         await super().dispatch(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if self.session is None:
+        if self.session is None or self.revoked:
             return
         if text_data is not None:
+            if self.grant is not None and is_text_input(text_data, settings.CLOUD_MAX_MESSAGE_BYTES):
+                if not await self._request_allowed(self.grant):
+                    return
             await self.session.feed(text_data)
         elif bytes_data is not None:
             await self.session.feed_bytes(bytes_data)
 
+    async def _request_allowed(self, grant: KeyGrant) -> bool:
+        wait = PROCESS.keys.request(grant)
+        if not wait:
+            return True
+        log.info("gateway request refused, key rate limit", extra={"key_id": grant.key_id})
+        details = f"at most {grant.requests_per_minute} requests per minute; retry in {math.ceil(wait)} s"
+        error = error_message(AuthErrorCode.RATE_LIMITED, "Rate limit exceeded", details)
+        await self.send(text_data=protocol.encode(error))
+        return False
+
     async def disconnect(self, code: int) -> None:
         session, self.session = self.session, None
-        if session is not None:
-            await session.aclose()
-        if self.admitted:
-            self.admitted = False
-            await PROCESS.release()
+        admitted, self.admitted = self.admitted, False
+        if admitted and self.grant is not None:
+            PROCESS.keys.close(self.grant.key_id)  # before any await: a cancelled disconnect keeps no slot
+        try:
+            if session is not None:
+                await session.aclose()
+        finally:
+            if admitted:
+                await PROCESS.release()
+                if self.grant is not None:
+                    await self._leave_key_group(self.grant.key_id)
+
+    async def _leave_key_group(self, key_id: int) -> None:
+        try:
+            await self.channel_layer.group_discard(key_group(key_id), self.channel_name)
+        except Exception:
+            log.info("gateway key group discard failed", extra={"key_id": key_id})
 
     async def send_text(self, text: str) -> None:
         """Transport for the session."""

@@ -17,6 +17,13 @@ cache and not a Celery beat job. Why:
 The sweeper runs every CLOUD_SESSION_CLEANUP_INTERVAL seconds while at least one gateway
 connection is open (the consumer starts and stops it), so an idle server has no timer.
 Lookups also check expiry, so a session is never resumed late even between sweeps.
+
+Memory is bounded twice, because a session outlives its connection by up to an hour: at most
+`max_detached` sessions without a connection are kept (CLOUD_MAX_DETACHED_SESSIONS; past it
+the one detached longest ago is dropped), and a session's history keeps at most
+`max_history_bytes` of text (CLOUD_SESSION_HISTORY_BYTES; the oldest exchanges go first).
+Without them 40 clients that sent three 900 KiB messages each left 111 MB behind for an hour
+(bench/gateway_session_memory.py; 0.3 MB with the caps).
 """
 from __future__ import annotations
 
@@ -35,6 +42,8 @@ from tools.builtin import SessionToolState
 log = logging.getLogger(__name__)
 
 _TOMBSTONES = 1024  # remembered expired ids, to say "expired" instead of "not found"
+DEFAULT_MAX_DETACHED = 1000
+DEFAULT_MAX_HISTORY_BYTES = 32 * 1024
 
 ExpiredCallback = Callable[[list[str]], Awaitable[None]]
 
@@ -59,15 +68,28 @@ class SessionRecord:
     # The connection holding the session, and how to tell it that another one took over.
     owner: object | None = None
     evict: Callable[[], None] | None = None
+    max_history_bytes: int = DEFAULT_MAX_HISTORY_BYTES  # set by the store
 
     def add_exchange(self, user_text: str, reply: str, limit: int) -> None:
-        """Append one user/assistant pair and keep at most `limit` messages."""
+        """Append one user/assistant pair and keep at most `limit` messages and at most
+        `max_history_bytes` of UTF-8 text (an exchange larger than that is not kept)."""
         self.history.append({"role": "user", "content": user_text})
         self.history.append({"role": "assistant", "content": reply})
         del self.history[: max(0, len(self.history) - limit)]
+        sizes = [_utf8_size(message["content"]) for message in self.history]
+        total = sum(sizes)
+        drop = 0
+        while total > self.max_history_bytes and drop < len(sizes):
+            total -= sizes[drop]
+            drop += 1
+        del self.history[:drop]
         # An odd limit could leave an orphan answer first; the model needs its question.
         while self.history and self.history[0]["role"] != "user":
             del self.history[0]
+
+
+def _utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 class SessionStore:
@@ -79,15 +101,21 @@ class SessionStore:
         timeout: float,
         cleanup_interval: float,
         max_sessions: int = 10_000,
+        max_detached: int = DEFAULT_MAX_DETACHED,
+        max_history_bytes: int = DEFAULT_MAX_HISTORY_BYTES,
         on_expired: ExpiredCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.timeout = timeout
         self.cleanup_interval = cleanup_interval
         self.max_sessions = max_sessions
+        self.max_detached = max_detached
+        self.max_history_bytes = max_history_bytes
         self.on_expired = on_expired
         self._clock = clock
         self._sessions: dict[str, SessionRecord] = {}
+        self._detached: OrderedDict[str, None] = OrderedDict()  # let go of, oldest first
+        self._dropped: list[str] = []  # dropped to make room; the next sweep reports them
         self._expired: OrderedDict[str, None] = OrderedDict()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -97,11 +125,18 @@ class SessionStore:
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._sessions
 
+    @property
+    def detached(self) -> int:
+        """Sessions kept without a connection."""
+        return len(self._detached)
+
     # -- sessions ---------------------------------------------------------------------------
 
     def create(self, options: ChatOptions, tool_state: SessionToolState) -> SessionRecord:
         self._make_room()
-        record = SessionRecord(uuid.uuid4().hex, options, tool_state, last_active=self._clock())
+        record = SessionRecord(
+            uuid.uuid4().hex, options, tool_state, last_active=self._clock(), max_history_bytes=self.max_history_bytes
+        )
         self._sessions[record.session_id] = record
         return record
 
@@ -122,14 +157,17 @@ class SessionStore:
         previous, previous_evict = record.owner, record.evict
         record.owner, record.evict = owner, evict
         record.last_active = self._clock()
+        self._detached.pop(record.session_id, None)
         if previous is not None and previous is not owner and previous_evict is not None:
             previous_evict()
 
     def detach(self, record: SessionRecord, owner: object) -> None:
         """The connection let go; the expiry clock starts now."""
-        if record.owner is owner:
+        if record.owner is owner and record.session_id in self._sessions:
             record.owner = record.evict = None
             record.last_active = self._clock()
+            self._detached[record.session_id] = None
+            self._drop_detached_over(self.max_detached)
 
     def touch(self, record: SessionRecord) -> None:
         record.last_active = self._clock()
@@ -137,6 +175,7 @@ class SessionStore:
     def remove(self, session_id: str) -> None:
         """end_session: the session is gone and cannot be resumed."""
         self._sessions.pop(session_id, None)
+        self._detached.pop(session_id, None)
         self._remember_expired(session_id)
 
     # -- expiry -----------------------------------------------------------------------------
@@ -155,7 +194,20 @@ class SessionStore:
     def _expire(self, session_ids: list[str]) -> None:
         for session_id in session_ids:
             self._sessions.pop(session_id, None)
+            self._detached.pop(session_id, None)
             self._remember_expired(session_id)
+
+    def _drop(self, session_ids: list[str]) -> None:
+        """Expire sessions early to bound memory; the next sweep reports them."""
+        self._expire(session_ids)
+        self._dropped.extend(session_ids)
+        del self._dropped[: max(0, len(self._dropped) - _TOMBSTONES)]
+
+    def _drop_detached_over(self, limit: int) -> None:
+        excess = len(self._detached) - limit
+        if excess > 0:
+            log.info("gateway detached sessions over the cap, dropping the oldest", extra={"count": excess})
+            self._drop([session_id for session_id, _ in zip(self._detached, range(excess))])
 
     def _remember_expired(self, session_id: str) -> None:
         self._expired[session_id] = None
@@ -173,7 +225,7 @@ class SessionStore:
         excess = len(self._sessions) - self.max_sessions + 1
         if excess > 0:
             log.warning("gateway session store full, dropping idle sessions", extra={"count": excess})
-            self._expire([r.session_id for r in detached[:excess]])
+            self._drop([r.session_id for r in detached[:excess]])
 
     # -- sweeper ----------------------------------------------------------------------------
 
@@ -190,8 +242,11 @@ class SessionStore:
         await cancel_and_wait(sweeper)
 
     async def sweep(self) -> list[str]:
-        """One cleanup pass; the callback (closing stored conversations) sees the ids."""
+        """One cleanup pass; the callback (closing stored conversations) sees the ids, with
+        those dropped early to bound memory since the last pass."""
         expired = self.collect_expired()
+        expired += self._dropped
+        self._dropped = []
         if expired:
             log.info("gateway sessions expired", extra={"count": len(expired)})
             if self.on_expired is not None:

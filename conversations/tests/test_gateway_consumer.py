@@ -1,6 +1,7 @@
 """GatewayConsumer end to end: Channels' WebsocketCommunicator through the project's routes,
 and the real server (daphne subprocess) for the connection limit, frame limits and the
-documented example client. The LLM is FakeOpenAI over real HTTP."""
+documented example client. The LLM is FakeOpenAI over real HTTP. Every client sends a
+gateway API key (the root conftest's `gateway_key`; CLOUD_AUTH=required is the default)."""
 from __future__ import annotations
 
 import asyncio
@@ -73,11 +74,12 @@ class Socket:
 
 
 @pytest.fixture
-async def open_socket(gateway_settings: Any) -> AsyncIterator[Callable[..., Awaitable[Socket]]]:
+async def open_socket(gateway_settings: Any, gateway_key: str) -> AsyncIterator[Callable[..., Awaitable[Socket]]]:
     opened: list[WebsocketCommunicator] = []
 
     async def open_(path: str = "/llm/v1/") -> Socket:
-        communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
+        headers = [(b"authorization", f"Bearer {gateway_key}".encode())]
+        communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path, headers=headers)
         connected, _ = await communicator.connect()
         assert connected
         opened.append(communicator)
@@ -333,15 +335,16 @@ async def _ask(ws: ClientConnection, text: str) -> dict[str, Any]:
 
 @pytest.mark.e2e
 async def test_it_holds_100_clients_at_once_and_refuses_the_101st_with_1013(
-    asgi_server_factory: Any, fake: FakeOpenAI
+    asgi_server_factory: Any, fake: FakeOpenAI, gateway_key: str
 ) -> None:
     fake.reset()
     server = asgi_server_factory(LLM_BASE_URL=fake.base_url, CLOUD_MAX_CONNECTIONS="100")
-    clients = await asyncio.gather(*(_hello(server.ws_url) for _ in range(100)))
+    url = f"{server.ws_url}/?token={gateway_key}"
+    clients = await asyncio.gather(*(_hello(url) for _ in range(100)))
     assert all(first["status"] == "connected" for _, first in clients)
     assert len({first["data"]["session_id"] for _, first in clients}) == 100
 
-    extra = await connect(server.ws_url, open_timeout=20)
+    extra = await connect(url, open_timeout=20)
     with pytest.raises(ConnectionClosed) as refused:
         await asyncio.wait_for(extra.recv(), 10)
     assert refused.value.rcvd is not None and refused.value.rcvd.code == 1013
@@ -349,7 +352,7 @@ async def test_it_holds_100_clients_at_once_and_refuses_the_101st_with_1013(
     replies = await asyncio.gather(*(_ask(ws, f"client {n}") for n, (ws, _) in enumerate(clients)))
     assert all(reply["content"] == "好的。" for reply in replies)
     await asyncio.gather(*(ws.close() for ws, _ in clients))
-    await _until_admitted(server.ws_url)
+    await _until_admitted(url)
 
 
 async def _until_admitted(url: str) -> None:
@@ -368,7 +371,9 @@ async def _until_admitted(url: str) -> None:
 
 
 @pytest.mark.e2e
-async def test_the_documented_example_client_runs_against_the_server(asgi_server_factory: Any, fake: FakeOpenAI) -> None:
+async def test_the_documented_example_client_runs_against_the_server(
+    asgi_server_factory: Any, fake: FakeOpenAI, gateway_key: str
+) -> None:
     fake.reset()
     fake.on("电量", Reply(tool_calls=[Call("get_battery", {})]))
     fake.on("音量", Reply(tool_calls=[Call("set_volume", {"volume": 50})]))
@@ -379,8 +384,9 @@ async def test_the_documented_example_client_runs_against_the_server(asgi_server
     )
     url = f"{server.ws_url}/llm/v1/"
     run = await asyncio.to_thread(
-        subprocess.run, [sys.executable, str(EXAMPLE), "--url", url], capture_output=True, text=True, timeout=60
-    )
+        subprocess.run, [sys.executable, str(EXAMPLE), "--url", url, "--key", gateway_key],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "Registered 2 tools" in run.stdout
     assert "Response: 您的设备电量还剩85%。" in run.stdout and "Response: 已将音量设置为50" in run.stdout
@@ -393,7 +399,7 @@ async def test_the_documented_example_client_runs_against_the_server(asgi_server
     assert [t.user_text for t in turns] == ["我的电量还剩多少？", "把音量调到50"]
     assert [t.tool_calls[0]["name"] for t in turns] == ["get_battery", "set_volume"]
 
-    ws, _ = await _hello(server.ws_url)  # over CLOUD_MAX_MESSAGE_BYTES: an error, then 1009
+    ws, _ = await _hello(f"{url}?token={gateway_key}")  # over CLOUD_MAX_MESSAGE_BYTES: an error, then 1009
     await ws.send(json.dumps({"type": "text_input", "text": "x" * 70_000}))
     error = json.loads(await asyncio.wait_for(ws.recv(), 10))
     assert (error["code"], error["message"]) == ("INVALID_MESSAGE", "Message too large")
@@ -401,7 +407,7 @@ async def test_the_documented_example_client_runs_against_the_server(asgi_server
         await asyncio.wait_for(ws.recv(), 10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
-    silent, _ = await _hello(server.ws_url)  # nothing sent for CLOUD_PING_TIMEOUT: 1001
+    silent, _ = await _hello(f"{url}?token={gateway_key}")  # nothing sent for CLOUD_PING_TIMEOUT: 1001
     with pytest.raises(ConnectionClosed) as idle:
         await asyncio.wait_for(silent.recv(), 10)
     assert idle.value.rcvd is not None and idle.value.rcvd.code == 1001

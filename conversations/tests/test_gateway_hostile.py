@@ -98,8 +98,8 @@ def llm() -> Iterator[FakeOpenAI]:
         yield server
 
 
-async def _hello(url: str) -> ClientConnection:
-    ws = await connect(f"{url}/llm/v1/", max_size=None, open_timeout=20)
+async def _hello(url: str, key: str) -> ClientConnection:
+    ws = await connect(f"{url}/llm/v1/?token={key}", max_size=None, open_timeout=20)
     assert json.loads(await asyncio.wait_for(ws.recv(), 20))["status"] == "connected"
     return ws
 
@@ -111,12 +111,12 @@ async def _next(ws: ClientConnection) -> dict[str, Any]:
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
 async def test_over_the_real_server_a_remote_ref_is_refused_and_never_fetched(
-    asgi_server_factory: Any, llm: FakeOpenAI, recorder: RecordingServer
+    asgi_server_factory: Any, llm: FakeOpenAI, recorder: RecordingServer, gateway_key: str
 ) -> None:
     llm.reset()
     server = asgi_server_factory(LLM_BASE_URL=llm.base_url)
     corpus = {h.name: h for h in hostile_schemas(recorder.url)}
-    ws = await _hello(server.ws_url)
+    ws = await _hello(server.ws_url, gateway_key)
     tools = [client_tool(name, corpus[name].schema) for name in ("remote_ref", "file_ref", "remote_id_with_local_refs")]
     await ws.send(json.dumps({"type": "register_tools", "tools": tools}))
     replies = [await _next(ws) for _ in range(3)]
@@ -135,8 +135,8 @@ async def test_over_the_real_server_a_remote_ref_is_refused_and_never_fetched(
 
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
-async def test_a_frame_just_over_the_limit_gets_invalid_message_then_1009(asgi_server: Any) -> None:
-    ws = await _hello(asgi_server.ws_url)  # CLOUD_MAX_MESSAGE_BYTES: 1 MiB
+async def test_a_frame_just_over_the_limit_gets_invalid_message_then_1009(asgi_server: Any, gateway_key: str) -> None:
+    ws = await _hello(asgi_server.ws_url, gateway_key)  # CLOUD_MAX_MESSAGE_BYTES: 1 MiB
     await ws.send(json.dumps({"type": "text_input", "text": "x" * 1_100_000}))
     error = await _next(ws)
     assert (error["code"], error["message"]) == ("INVALID_MESSAGE", "Message too large")
@@ -147,8 +147,8 @@ async def test_a_frame_just_over_the_limit_gets_invalid_message_then_1009(asgi_s
 
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
-async def test_a_frame_far_over_the_limit_is_closed_with_1009_not_dropped(asgi_server: Any) -> None:
-    ws = await _hello(asgi_server.ws_url)
+async def test_a_frame_far_over_the_limit_is_closed_with_1009_not_dropped(asgi_server: Any, gateway_key: str) -> None:
+    ws = await _hello(asgi_server.ws_url, gateway_key)
     await ws.send(json.dumps({"type": "text_input", "text": "x" * 3_000_000}))  # over twice the limit
     with pytest.raises(ConnectionClosed) as closed:
         await _next(ws)

@@ -1,6 +1,11 @@
 """A Python client for the LLM Gateway, following the seed's example (§10.1).
 
-    .venv/bin/python docs/examples/gateway_client.py --url ws://127.0.0.1:8000/llm/v1/
+    .venv/bin/python manage.py gateway_key_create "example"      # prints a key, once
+    .venv/bin/python docs/examples/gateway_client.py --url ws://127.0.0.1:8000/llm/v1/ --key xzgw_…
+
+The key goes with the handshake as `Authorization: Bearer <key>`; a client that cannot set
+headers (a browser's WebSocket, the seed's C example) appends `?token=<key>` to the URL
+instead. Without a valid key the server sends `error` UNAUTHORIZED and closes with 4001.
 
 Connect, switch the conversation context on, register two client tools declared with a
 decorator, then ask two questions; when the model wants a client tool the server sends
@@ -33,8 +38,9 @@ class GatewayError(Exception):
 
 
 class LLMGatewayClient:
-    def __init__(self, url: str = "ws://localhost:9400", *, verbose: bool = True) -> None:
+    def __init__(self, url: str = "ws://localhost:9400", *, key: str = "", verbose: bool = True) -> None:
         self.url = url
+        self.key = key
         self.verbose = verbose
         self.ws: ClientConnection | None = None
         self.session_id: str | None = None
@@ -47,8 +53,11 @@ class LLMGatewayClient:
 
     async def connect(self) -> None:
         """Open the socket; the server's first message carries our session_id."""
-        self.ws = await connect(self.url, max_size=2**20)
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else None
+        self.ws = await connect(self.url, max_size=2**20, additional_headers=headers)
         status = await self._receive()
+        if status["type"] == "error":  # UNAUTHORIZED (then close 4001) or RATE_LIMITED (1013)
+            raise GatewayError(status)
         if status["type"] == "status" and status["status"] == "connected":
             self.session_id = status["data"]["session_id"]
             self.log(f"Connected. Session ID: {self.session_id}")
@@ -164,8 +173,8 @@ class LLMGatewayClient:
         return json.loads(await self.ws.recv())
 
 
-async def main(url: str) -> list[str]:
-    client = LLMGatewayClient(url)
+async def main(url: str, key: str) -> list[str]:
+    client = LLMGatewayClient(url, key=key)
 
     @client.define_tool("get_battery", "获取设备当前电量百分比", {"type": "object", "properties": {}, "required": []})
     async def get_battery() -> dict[str, Any]:
@@ -200,4 +209,6 @@ async def main(url: str) -> list[str]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="ws://127.0.0.1:8000/llm/v1/", help="gateway WebSocket URL")
-    asyncio.run(main(parser.parse_args().url))
+    parser.add_argument("--key", default="", help="gateway API key (see above)")
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.url, arguments.key))

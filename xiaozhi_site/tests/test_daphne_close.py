@@ -23,9 +23,11 @@ async def test_a_refused_device_hears_the_code_and_the_reason(asgi_server) -> No
     assert code == 4001 and reason == "device id missing"
 
 
-async def test_a_registered_code_like_1013_goes_out_unchanged(asgi_server_factory) -> None:  # noqa: ANN001
+async def test_a_registered_code_like_1013_goes_out_unchanged(
+    asgi_server_factory, gateway_key: str  # noqa: ANN001
+) -> None:
     server = asgi_server_factory(CLOUD_MAX_CONNECTIONS="1")
-    async with connect(f"{server.ws_url}/llm/v1/", open_timeout=5) as first:
+    async with connect(f"{server.ws_url}/llm/v1/?token={gateway_key}", open_timeout=5) as first:
         await first.recv()  # status: connected
-        code, reason = await _close_of(f"{server.ws_url}/llm/v1/")
+        code, reason = await _close_of(f"{server.ws_url}/llm/v1/?token={gateway_key}")
     assert code == 1013 and reason

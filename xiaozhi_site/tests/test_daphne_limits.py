@@ -238,8 +238,9 @@ def test_a_body_that_stops_arriving_gets_408(server: AsgiServer) -> None:
 
 
 @e2e
-async def test_a_websocket_lives_past_the_header_timeout(server: AsgiServer) -> None:
-    async with connect(f"{server.ws_url}/llm/v1/", open_timeout=20) as ws:
+@pytest.mark.django_db(transaction=True)
+async def test_a_websocket_lives_past_the_header_timeout(server: AsgiServer, gateway_key: str) -> None:
+    async with connect(f"{server.ws_url}/llm/v1/?token={gateway_key}", open_timeout=20) as ws:
         assert json.loads(await ws.recv())["status"] == "connected"
         await _sleep(2.5)  # more than the 1 s header deadline
         await ws.send(json.dumps({"type": "ping"}))

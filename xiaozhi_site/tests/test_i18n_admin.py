@@ -46,7 +46,7 @@ CHINESE = {"HTTP_ACCEPT_LANGUAGE": "zh-CN,zh;q=0.9,en;q=0.5"}
 ALLOWED_WORDS = frozenset(word.casefold() for word in """
     Xiaozhi MCP OTA LLM ASR TTS VAD Opus Celery HMAC eFuse HMAC_KEY0 CSV JSON MAC IANA SSE HTTP
     HTTPS URL ID IP ESP32 SHA UTF MB KB GB ms Flash Schema Markdown Bearer Authorization Streamable
-    token Edge espeak Piper Whisper OpenAI Django Redis WebSocket
+    token Edge espeak Piper Whisper OpenAI Django Redis WebSocket API
     Control Command Mac
     English Deutsch Français Português Español Italiano
     """.split())
