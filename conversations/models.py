@@ -99,6 +99,7 @@ class Conversation(models.Model):
 
     class Meta:
         ordering = ["-started_at"]
+        indexes = [models.Index(fields=["source", "started_at"], name="conversation_source_started")]
 
     def __str__(self) -> str:
         return f"{self.get_source_display()} {self.session_id}"
@@ -123,6 +124,8 @@ class Turn(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["conversation", "index"], name="unique_turn_index"),
         ]
+        # Every dashboard figure reads turns by time range (dashboard/rows.py).
+        indexes = [models.Index(fields=["created_at"], name="turn_created_at")]
 
     def __str__(self) -> str:
         return f"turn {self.index} of {self.conversation_id}"
