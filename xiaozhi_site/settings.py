@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "devices",
     "tools",
     "conversations",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -309,5 +310,10 @@ CELERY_BEAT_SCHEDULE = {
     "refresh-mcp-servers": {
         "task": "tools.tasks.mcp_servers_refresh_all",
         "schedule": TOOLS_MCP_REFRESH_MINUTES * 60.0,
+    },
+    # Finished hours of turns → dashboard.TurnRollup (7-day figures without reading every turn).
+    "dashboard-rollup-turns": {
+        "task": "dashboard.tasks.turns_rollup",
+        "schedule": 300.0,
     },
 }
