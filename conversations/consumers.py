@@ -34,6 +34,7 @@ from conversations.selectors import (
     session_config_for,
 )
 from conversations.services import DbSessionHooks
+from dashboard.live import REGISTRY as LIVE_FIGURES
 from devices.auth import DeviceAuthResult, device_authenticate
 from devices.models import device_group_name
 from devices.presence import TOUCH_INTERVAL_SECONDS
@@ -107,6 +108,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self.session = VoiceSession(self, config, hooks, self.engine_factory,
                                     protocol_header=header_value(self.scope, b"protocol-version") or None,
                                     touch_interval=TOUCH_INTERVAL_SECONDS)
+        LIVE_FIGURES.track_device(self)  # the dashboard counts sessions by state
         self._group = device_group_name(device_pk)
         await self.channel_layer.group_add(self._group, self.channel_name)
         await self.accept()

@@ -27,6 +27,7 @@ from conversations.gateway.store import SessionStore
 from conversations.providers.base import LLM
 from conversations.providers.registry import build
 from conversations.selectors import scope_client_address
+from dashboard.live import REGISTRY as LIVE_FIGURES
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             characters = await database_sync_to_async(gateway_characters)()
             hooks = _HistoryHooks(scope_client_address(self.scope))
             self.session = GatewaySession(self, gateway_config(characters), PROCESS.store, llm, hooks)
+            LIVE_FIGURES.track_gateway(self)  # the dashboard counts connected clients
             await self.session.start()
         except Exception:
             log.exception("gateway session failed to start")
