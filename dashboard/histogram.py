@@ -34,33 +34,40 @@ BUCKET_COUNT = LAST_BUCKET + 1
 PERCENTILES = (50, 95, 99)
 
 
+# _EDGES[i] is the lower edge of bucket i + 1: 2**(i/8) ms for i = 0..136.
+_EDGES = [2.0 ** (i / STEPS_PER_DOUBLING) for i in range(LAST_BUCKET)]
+_TOP = 2.0**MAX_EXPONENT
+
+
 def bucket_lower(index: int) -> float:
     """Lower edge of a bucket in ms (inclusive)."""
     if index <= 0:
         return 0.0
-    return 2.0 ** ((index - 1) / STEPS_PER_DOUBLING)
+    return _EDGES[min(index, LAST_BUCKET) - 1]
 
 
 def bucket_upper(index: int) -> float:
     """Upper edge of a bucket in ms (exclusive); infinite for the overflow bucket."""
     if index >= LAST_BUCKET:
         return math.inf
-    return 2.0 ** (index / STEPS_PER_DOUBLING)
+    return _EDGES[index]
 
 
 def bucket_of(ms: float) -> int:
     """The bucket holding `ms`; NaN is not a latency and raises ValueError."""
-    if math.isnan(ms):
-        raise ValueError("NaN is not a latency")
     if ms < 1.0:
+        if ms != ms:
+            raise ValueError("NaN is not a latency")
         return 0
-    if ms >= 2.0**MAX_EXPONENT:
+    if ms >= _TOP:
+        if ms != ms:
+            raise ValueError("NaN is not a latency")
         return LAST_BUCKET
-    index = 1 + int(math.floor(STEPS_PER_DOUBLING * math.log2(ms)))
+    index = 1 + int(STEPS_PER_DOUBLING * math.log2(ms))
     # log2 rounding can put a value sitting on an edge one bucket off: settle it on the edges.
-    while index > 1 and ms < bucket_lower(index):
+    if ms < _EDGES[index - 1]:
         index -= 1
-    while index < LAST_BUCKET and ms >= bucket_upper(index):
+    elif index < LAST_BUCKET and ms >= _EDGES[index]:
         index += 1
     return index
 
@@ -90,20 +97,28 @@ def percentile_from_histogram(
     Inside the bucket that holds the k-th value, the j-th of its c values is placed at
     lower + (upper - lower) * (j - 0.5) / c, then clamped to [smallest, largest] when known.
     """
-    total = sum(count for count in counts.values() if count > 0)
+    return percentiles_from_histogram(counts, (percent,), smallest=smallest, largest=largest)[percent]
+
+
+def percentiles_from_histogram(
+    counts: Mapping[int, int], percents: Sequence[int], *, smallest: float | None = None,
+    largest: float | None = None,
+) -> dict[int, float | None]:
+    """Several percentiles in one walk over the buckets (the charts need p50 and p95 of every bin)."""
+    occupied = sorted((index, count) for index, count in counts.items() if count > 0)
+    total = sum(count for _, count in occupied)
     if total == 0:
-        return None
-    rank = nearest_rank(total, percent)
-    seen = 0
-    for index in sorted(counts):
-        count = counts[index]
-        if count <= 0:
-            continue
-        if seen + count >= rank:
-            estimate = _inside(index, rank - seen, count)
-            return _clamp(estimate, smallest, largest)
+        return dict.fromkeys(percents)
+    wanted = sorted((nearest_rank(total, percent), percent) for percent in percents)
+    found: dict[int, float | None] = {}
+    seen, position = 0, 0
+    for index, count in occupied:
+        while position < len(wanted) and wanted[position][0] <= seen + count:
+            rank, percent = wanted[position]
+            found[percent] = _clamp(_inside(index, rank - seen, count), smallest, largest)
+            position += 1
         seen += count
-    raise AssertionError("unreachable: the rank is within the total")
+    return found
 
 
 def _inside(index: int, position: int, count: int) -> float:

@@ -8,7 +8,9 @@ from django.utils.translation import gettext_lazy as _
 class TurnRollup(models.Model):
     """One hour of turns of one group (source, persona, providers used), as `stats.Aggregate`
     JSON: counters, per-stage latency histograms with fixed buckets (histogram.py), tool calls,
-    last errors. Written only by `services.turns_rollup`; rebuilt whole per hour."""
+    last errors. Each hour also gets one `is_total` row per source (every group of that source
+    added up, persona and providers blank), which is all the main dashboard page reads.
+    Written only by `services.turns_rollup`; rebuilt whole per hour."""
 
     hour = models.DateTimeField(_("hour"), db_index=True, help_text=_("Start of the hour (UTC)."))
     source = models.CharField(_("source"), max_length=10)
@@ -19,6 +21,7 @@ class TurnRollup(models.Model):
     asr = models.CharField(_("ASR provider"), max_length=100, blank=True)
     llm = models.CharField(_("LLM provider"), max_length=100, blank=True)
     tts = models.CharField(_("TTS provider"), max_length=100, blank=True)
+    is_total = models.BooleanField(_("all groups"), default=False)
     turns = models.PositiveIntegerField(_("turns"), default=0)
     data = models.JSONField(_("figures"), default=dict)
 
@@ -26,6 +29,7 @@ class TurnRollup(models.Model):
         verbose_name = _("turn rollup")
         verbose_name_plural = _("turn rollups")
         ordering = ["hour"]
+        indexes = [models.Index(fields=["is_total", "hour"], name="rollup_total_hour")]
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H}:00 {self.source} {self.turns}"

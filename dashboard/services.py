@@ -64,13 +64,18 @@ def turns_rollup_hour(hour: datetime) -> int:
     RollupState.objects.get_or_create(name=ROLLUP_NAME, defaults={"rolled_until": hour})
     RollupState.objects.select_for_update().get(name=ROLLUP_NAME)
     groups: dict[GroupKey, Aggregate] = defaultdict(Aggregate)
+    totals: dict[str, Aggregate] = defaultdict(Aggregate)
     for row in turn_rows(hour, hour + HOUR):
         groups[row.group].add(row)
+    for key, aggregate in groups.items():
+        totals[key.source].merge(aggregate)
     TurnRollup.objects.filter(hour=hour).delete()
     TurnRollup.objects.bulk_create([
-        TurnRollup(hour=hour, source=key.source, persona_id=key.persona_id, asr=key.asr, llm=key.llm,
-                   tts=key.tts, turns=aggregate.turns, data=aggregate.to_json())
-        for key, aggregate in groups.items()
+        *(TurnRollup(hour=hour, source=key.source, persona_id=key.persona_id, asr=key.asr, llm=key.llm,
+                     tts=key.tts, turns=aggregate.turns, data=aggregate.to_json())
+          for key, aggregate in groups.items()),
+        *(TurnRollup(hour=hour, source=source, is_total=True, turns=aggregate.turns, data=aggregate.to_json())
+          for source, aggregate in totals.items()),
     ])
     _advance(hour + HOUR)
     return len(groups)

@@ -9,7 +9,6 @@ are not too many of them, so short ranges get exact percentiles.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -38,23 +37,21 @@ class GroupKey(NamedTuple):
 
 @dataclass(frozen=True)
 class TurnRow:
-    """The columns of one Turn the dashboard needs (see selectors.turn_rows)."""
+    """What the dashboard reads of one Turn (rows.turn_rows picks it out in the database)."""
 
     created_at: datetime
     source: str
     persona_id: int | None
-    timings: Any
-    providers: Any
     error: str
     interrupted: bool
     tool_calls: Any
     apology: bool
+    providers: tuple[str, ...] = ("", "", "")  # per PROVIDER_STAGES, as recorded ("edge,espeak")
+    timings: tuple[float | None, ...] = ()  # per TIMING_KEYS; None where the turn has none
 
     @property
     def group(self) -> GroupKey:
-        providers = self.providers if isinstance(self.providers, dict) else {}
-        kinds = (str(providers.get(stage) or "")[:100] for stage in PROVIDER_STAGES)
-        return GroupKey(self.source, self.persona_id, *kinds)
+        return GroupKey(self.source, self.persona_id, *self.providers)
 
 
 @dataclass
@@ -62,54 +59,71 @@ class StageStats:
     count: int = 0
     smallest: float | None = None
     largest: float | None = None
-    buckets: Counter[int] = field(default_factory=Counter)
+    buckets: dict[int, int] = field(default_factory=dict)
     values: list[float] | None = field(default_factory=list)  # None: not exact any more
 
     def add(self, ms: float) -> None:
         self.count += 1
-        self.smallest = ms if self.smallest is None else min(self.smallest, ms)
-        self.largest = ms if self.largest is None else max(self.largest, ms)
-        self.buckets[histogram.bucket_of(ms)] += 1
+        if self.smallest is None or ms < self.smallest:
+            self.smallest = ms
+        if self.largest is None or ms > self.largest:
+            self.largest = ms
+        index = histogram.bucket_of(ms)
+        self.buckets[index] = self.buckets.get(index, 0) + 1
         if self.values is not None:
             self.values.append(ms)
             if len(self.values) > EXACT_LIMIT:
                 self.values = None
 
+    def _extend(self, count: int, smallest: float | None, largest: float | None) -> None:
+        self.count += count
+        if smallest is not None:
+            self.smallest = smallest if self.smallest is None else min(self.smallest, smallest)
+        if largest is not None:
+            self.largest = largest if self.largest is None else max(self.largest, largest)
+
     def merge(self, other: StageStats) -> None:
         if other.count == 0:
             return
-        self.count += other.count
-        if other.smallest is not None:
-            self.smallest = other.smallest if self.smallest is None else min(self.smallest, other.smallest)
-        if other.largest is not None:
-            self.largest = other.largest if self.largest is None else max(self.largest, other.largest)
-        self.buckets.update(other.buckets)
+        self._extend(other.count, other.smallest, other.largest)
+        buckets = self.buckets
+        for index, count in other.buckets.items():
+            buckets[index] = buckets.get(index, 0) + count
         if self.values is None or other.values is None or len(self.values) + len(other.values) > EXACT_LIMIT:
             self.values = None
         else:
             self.values.extend(other.values)
+
+    def merge_json(self, data: dict[str, Any]) -> None:
+        """Add a rollup's stage (to_json's shape); the values are no longer all known."""
+        self._extend(int(data["n"]), data.get("min"), data.get("max"))
+        buckets = self.buckets
+        pairs = iter(data.get("h", ()))
+        for index, count in zip(pairs, pairs):
+            buckets[index] = buckets.get(index, 0) + count
+        self.values = None
 
     @property
     def exact(self) -> bool:
         return self.values is not None
 
     def percentile(self, percent: int) -> float | None:
+        return self.percentiles((percent,))[percent]
+
+    def percentiles(self, percents: tuple[int, ...]) -> dict[int, float | None]:
         if self.count == 0:
-            return None
+            return dict.fromkeys(percents)
         if self.values is not None:
-            return histogram.percentile_exact(self.values, percent)
-        return histogram.percentile_from_histogram(self.buckets, percent, smallest=self.smallest,
-                                                   largest=self.largest)
+            ordered = sorted(self.values)
+            return {p: ordered[histogram.nearest_rank(len(ordered), p) - 1] for p in percents}
+        return histogram.percentiles_from_histogram(self.buckets, percents, smallest=self.smallest,
+                                                    largest=self.largest)
 
     def to_json(self) -> dict[str, Any]:
-        return {"n": self.count, "min": self.smallest, "max": self.largest,
-                "h": {str(index): count for index, count in sorted(self.buckets.items())}}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StageStats:
-        return cls(count=int(data["n"]), smallest=data.get("min"), largest=data.get("max"),
-                   buckets=Counter({int(index): int(count) for index, count in data.get("h", {}).items()}),
-                   values=None)
+        """Buckets as a flat [index, count, index, count, ...] list of the occupied ones:
+        the cheapest shape to parse and add up by the hundred."""
+        pairs = [number for item in sorted(self.buckets.items()) for number in item]
+        return {"n": self.count, "min": self.smallest, "max": self.largest, "h": pairs}
 
 
 @dataclass
@@ -121,14 +135,12 @@ class LastError:
         if text and at is not None and (self.at is None or at > self.at):
             self.at, self.text = at, text[:MAX_TEXT]
 
+    def offer_json(self, data: list[Any] | None) -> None:
+        if data:
+            self.offer(datetime.fromisoformat(data[0]), str(data[1]))
+
     def to_json(self) -> list[Any] | None:
         return [self.at.isoformat(), self.text] if self.at is not None else None
-
-    @classmethod
-    def from_json(cls, data: list[Any] | None) -> LastError:
-        if not data:
-            return cls()
-        return cls(datetime.fromisoformat(data[0]), str(data[1]))
 
 
 @dataclass
@@ -149,11 +161,11 @@ class Aggregate:
     errors: int = 0
     interrupted: int = 0
     apologies: int = 0
-    failures: Counter[str] = field(default_factory=Counter)  # stage -> turns where all providers failed
+    failures: dict[str, int] = field(default_factory=dict)  # stage -> turns where all providers failed
     last_error: dict[str, LastError] = field(default_factory=dict)  # stage ("asr", "llm", "other")
     stages: dict[str, StageStats] = field(default_factory=dict)
     tools: dict[str, ToolStats] = field(default_factory=dict)
-    groups: Counter[GroupKey] = field(default_factory=Counter)  # turns per (source, persona, providers)
+    groups: dict[GroupKey, int] = field(default_factory=dict)  # turns per (source, persona, providers)
 
     # -- filling ------------------------------------------------------------------------------
 
@@ -161,14 +173,13 @@ class Aggregate:
         self.turns += 1
         self.interrupted += bool(row.interrupted)
         self.apologies += bool(row.apology)
-        self.groups[row.group] += 1
+        group = row.group
+        self.groups[group] = self.groups.get(group, 0) + 1
         if row.error:
             self._add_error(row.created_at, row.error)
-        timings = row.timings if isinstance(row.timings, dict) else {}
-        for key in TIMING_KEYS:
-            value = timings.get(key)
-            if _is_number(value):
-                self.stage(key).add(float(value))
+        for key, value in zip(TIMING_KEYS, row.timings):
+            if value is not None and math.isfinite(value):
+                self.stage(key).add(value)
         for call in row.tool_calls if isinstance(row.tool_calls, list) else ():
             if isinstance(call, dict):
                 self._add_tool_call(row.created_at, call)
@@ -178,7 +189,7 @@ class Aggregate:
         stage = error.split(":", 1)[0].strip() if ":" in error else ""
         stage = stage if stage in FAILED_STAGES else "other"
         if stage != "other":
-            self.failures[stage] += 1
+            self.failures[stage] = self.failures.get(stage, 0) + 1
         self.last_error.setdefault(stage, LastError()).offer(at, error)
 
     def _add_tool_call(self, at: datetime, call: dict[str, Any]) -> None:
@@ -191,7 +202,10 @@ class Aggregate:
             stats.last_error.offer(at, reason or "failed")
 
     def stage(self, key: str) -> StageStats:
-        return self.stages.setdefault(key, StageStats())
+        stats = self.stages.get(key)
+        if stats is None:
+            stats = self.stages[key] = StageStats()
+        return stats
 
     # -- combining ----------------------------------------------------------------------------
 
@@ -200,14 +214,36 @@ class Aggregate:
         self.errors += other.errors
         self.interrupted += other.interrupted
         self.apologies += other.apologies
-        self.failures.update(other.failures)
-        self.groups.update(other.groups)
+        _add_counts(self.failures, other.failures)
+        _add_counts(self.groups, other.groups)
         for stage, error in other.last_error.items():
             self.last_error.setdefault(stage, LastError()).offer(error.at, error.text)
         for key, stats in other.stages.items():
             self.stage(key).merge(stats)
         for name, tool in other.tools.items():
             self.tools.setdefault(name, ToolStats()).merge(tool)
+        return self
+
+    def merge_json(self, data: dict[str, Any], group: GroupKey | None = None) -> Aggregate:
+        """Add one rollup row (to_json's shape) without building an Aggregate for it: the
+        7-day figures add up hundreds of rows per page."""
+        turns = int(data.get("turns", 0))
+        self.turns += turns
+        self.errors += int(data.get("errors", 0))
+        self.interrupted += int(data.get("interrupted", 0))
+        self.apologies += int(data.get("apologies", 0))
+        _add_counts(self.failures, data.get("failures", {}))
+        if group is not None:
+            self.groups[group] = self.groups.get(group, 0) + turns
+        for stage, error in data.get("last_error", {}).items():
+            self.last_error.setdefault(stage, LastError()).offer_json(error)
+        for key, stats in data.get("stages", {}).items():
+            self.stage(key).merge_json(stats)
+        for name, (calls, failed, error) in data.get("tools", {}).items():
+            tool = self.tools.setdefault(name, ToolStats())
+            tool.calls += int(calls)
+            tool.failures += int(failed)
+            tool.last_error.offer_json(error)
         return self
 
     @property
@@ -228,19 +264,10 @@ class Aggregate:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], group: GroupKey | None = None) -> Aggregate:
-        aggregate = cls(
-            turns=int(data.get("turns", 0)), errors=int(data.get("errors", 0)),
-            interrupted=int(data.get("interrupted", 0)), apologies=int(data.get("apologies", 0)),
-            failures=Counter({stage: int(n) for stage, n in data.get("failures", {}).items()}),
-            last_error={stage: LastError.from_json(error) for stage, error in data.get("last_error", {}).items()},
-            stages={key: StageStats.from_json(stats) for key, stats in data.get("stages", {}).items()},
-            tools={name: ToolStats(int(calls), int(failed), LastError.from_json(error))
-                   for name, (calls, failed, error) in data.get("tools", {}).items()},
-        )
-        if group is not None:
-            aggregate.groups[group] = aggregate.turns
-        return aggregate
+        return cls().merge_json(data, group)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _add_counts(into: dict[Any, int], more: dict[Any, int]) -> None:
+    for key, count in more.items():
+        into[key] = into.get(key, 0) + int(count)
+

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import FloatField, Q, QuerySet
-from django.db.models.fields.json import KT
-from django.db.models.functions import Cast
+from django.db.models import Q, QuerySet
 
 from conversations.models import Persona, Turn
 from conversations.pipeline.reply import APOLOGIES
+from dashboard.expressions import JsonNumber
 from dashboard.rows import Scope, turns_between
 from dashboard.selectors import range_start
 from dashboard.stats import FAILED_STAGES, PROVIDER_STAGES
@@ -37,7 +36,7 @@ class TurnPage:
 
 def turn_page(data: dict[str, Any], now: datetime) -> TurnPage:
     stage = data.get("stage") or "first_frame_sent"
-    queryset = _filtered(data, now).annotate(stage_ms=Cast(KT(f"timings__{stage}"), FloatField()))
+    queryset = _filtered(data, now).annotate(stage_ms=JsonNumber("timings", stage))
     queryset = queryset.select_related("conversation__device", "conversation__persona").order_by(
         "-created_at", "-pk")
     page = data.get("page") or 1
@@ -57,8 +56,8 @@ def _filtered(data: dict[str, Any], now: datetime) -> QuerySet[Turn]:
     if data.get("stage"):
         queryset = queryset.filter(timings__has_key=data["stage"])
     if data.get("min_ms") is not None:
-        value = Cast(KT(f"timings__{data['stage']}"), FloatField())
-        queryset = queryset.alias(stage_value=value).filter(stage_value__gte=data["min_ms"])
+        queryset = queryset.alias(stage_value=JsonNumber("timings", data["stage"])).filter(
+            stage_value__gte=data["min_ms"])
     if data.get("provider"):
         stage, kind = data["provider"]
         # The recorded value lists every kind that served the stage ("edge,espeak"): one kind
@@ -78,18 +77,18 @@ def _filtered(data: dict[str, Any], now: datetime) -> QuerySet[Turn]:
 
 def _failure_filters(queryset: QuerySet[Turn], data: dict[str, Any]) -> QuerySet[Turn]:
     failed = data.get("failed")
-    if failed == "any":
+    if failed or data.get("apology"):
+        # Spelled out even where implied, so the partial index of turns with an error is used.
         queryset = queryset.exclude(error="")
-    elif failed in FAILED_STAGES:
+    if failed in FAILED_STAGES:
         queryset = queryset.filter(error__startswith=f"{failed}:")
     elif failed == "other":
-        queryset = queryset.exclude(error="")
         for stage in FAILED_STAGES:
             queryset = queryset.exclude(error__startswith=f"{stage}:")
     if data.get("interrupted"):
         queryset = queryset.filter(interrupted=True)
     if data.get("apology"):
-        queryset = queryset.exclude(error="").filter(reply_text__in=list(APOLOGIES.values()))
+        queryset = queryset.filter(reply_text__in=list(APOLOGIES.values()))
     return queryset
 
 

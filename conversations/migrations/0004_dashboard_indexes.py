@@ -7,7 +7,6 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('conversations', '0003_default_persona'),
-        ('devices', '0002_activation_code_activated_at'),
     ]
 
     operations = [
@@ -18,5 +17,10 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name='turn',
             index=models.Index(fields=['created_at'], name='turn_created_at'),
+        ),
+        migrations.AddIndex(
+            model_name='turn',
+            index=models.Index(condition=models.Q(('error', ''), _negated=True), fields=['created_at'],
+                               name='turn_error_created_at'),
         ),
     ]

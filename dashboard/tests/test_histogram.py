@@ -99,3 +99,12 @@ def test_display_bins_merge_four_buckets_and_trim_empty_ends() -> None:
     assert sum(count for _, _, count in bins) == 4
     assert bins[-1][0] <= 1000.0 < bins[-1][1] and bins[-1][2] == 1
     assert h.display_bins({}) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(latencies)
+def test_several_percentiles_in_one_walk_equal_one_at_a_time(values: list[float]) -> None:
+    counts = h.histogram_of(values)
+    together = h.percentiles_from_histogram(counts, (99, 50, 95), smallest=min(values), largest=max(values))
+    assert together == {p: h.percentile_from_histogram(counts, p, smallest=min(values), largest=max(values))
+                        for p in (50, 95, 99)}

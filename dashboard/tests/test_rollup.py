@@ -35,10 +35,14 @@ def test_each_finished_hour_is_rolled_up_per_persona_and_providers() -> None:
     turn(first, at=at(11, 10))
     turn(first, at=at(12, 30))  # the current hour: not finished
     assert turns_rollup(now=NOW) == 2
-    rows = {(r.hour.hour, r.persona_id, r.tts): r for r in TurnRollup.objects.all()}
+    rows = {(r.hour.hour, r.persona_id, r.tts): r for r in TurnRollup.objects.filter(is_total=False)}
     assert set(rows) == {(10, alice.pk, "edge"), (10, bob.pk, "edge,espeak"), (11, alice.pk, "edge")}
     ten = rows[(10, alice.pk, "edge")]
     assert ten.turns == 2 and ten.data["errors"] == 1 and ten.data["stages"]["first_frame_sent"]["n"] == 2
+    totals = {r.hour.hour: r for r in TurnRollup.objects.filter(is_total=True)}
+    assert {hour: (r.source, r.persona_id, r.tts, r.turns) for hour, r in totals.items()} == {
+        10: ("device", None, "", 3), 11: ("device", None, "", 1)}
+    assert totals[10].data["stages"]["first_frame_sent"]["h"] == ten.data["stages"]["first_frame_sent"]["h"]
     assert RollupState.objects.get().rolled_until == at(12, 0)
 
 
@@ -48,7 +52,8 @@ def test_a_rerun_rebuilds_recent_hours_without_duplicating_them() -> None:
     turns_rollup(now=NOW)
     turn(conv, at=at(11, 59))  # a straggler written after the first run
     turns_rollup(now=NOW + timedelta(minutes=5))
-    assert list(TurnRollup.objects.values_list("hour", "turns")) == [(at(11, 0), 2)]
+    assert list(TurnRollup.objects.values_list("hour", "is_total", "turns").order_by("is_total")) == [
+        (at(11, 0), False, 2), (at(11, 0), True, 2)]
 
 
 def test_an_hour_is_rolled_up_only_once_it_has_settled() -> None:
@@ -56,7 +61,7 @@ def test_an_hour_is_rolled_up_only_once_it_has_settled() -> None:
     turns_rollup(now=at(12, 0) + timedelta(seconds=30))
     assert not TurnRollup.objects.exists()
     turns_rollup(now=at(12, 2))
-    assert TurnRollup.objects.get().hour == at(11, 0)
+    assert set(TurnRollup.objects.values_list("hour", flat=True)) == {at(11, 0)}
 
 
 def test_an_empty_database_rolls_up_nothing_and_shows_zeros() -> None:
@@ -64,6 +69,20 @@ def test_an_empty_database_rolls_up_nothing_and_shows_zeros() -> None:
     figures = latency_figures("7d", now=NOW)
     assert figures.all_turns.turns == 0 and figures.series["stages"] == {}
     assert all(stage.count == 0 and stage.p95 is None for stage in figures.device_stages)
+
+
+def test_odd_json_in_a_turn_is_skipped_not_an_error() -> None:
+    conv = conversation()
+    turn(conv, at=at(12, 1), timings={"asr_done": 120.5, "first_frame_sent": "fast", "llm_first_token": True,
+                                      "tts_first_audio": {"ms": 3}, "made_up": 3},  # type: ignore[dict-item]
+         providers={"asr": 7, "tts": ["x"]})  # type: ignore[dict-item]
+    turn(conv, at=at(12, 2), timings=["not", "a", "dict"], providers="nothing")  # type: ignore[arg-type]
+    turn(conv, at=at(12, 3), tool_calls=[{"name": "lamp"}, "junk", {"success": True}])
+    figures = latency_figures("1h", now=NOW)
+    counts = {s.key: s.count for s in figures.device_stages}
+    assert counts == {"asr_done": 1, "llm_first_token": 0, "tts_first_audio": 0, "first_frame_sent": 0}
+    assert figures.all_turns.turns == 3
+    assert {t.name: (t.calls, t.failures) for t in figures.tools} == {"lamp": (1, 1), "?": (1, 0)}
 
 
 def test_last_hour_percentiles_are_exact_nearest_rank_values() -> None:
@@ -104,6 +123,23 @@ def test_seven_day_figures_from_the_rollup_match_the_raw_rows_within_one_bucket(
         for percent, estimate in ((50, stage.p50), (95, stage.p95), (99, stage.p99)):
             exact = histogram.percentile_exact(raw[stage.key], percent)
             assert histogram.bucket_of(estimate) == histogram.bucket_of(exact), (stage.key, percent)
+
+
+def test_figures_read_from_total_rows_equal_those_read_from_group_rows() -> None:
+    persona = PersonaFactory()
+    conv = conversation(persona=persona)
+    rng = random.Random(11)
+    for minute in range(0, 600, 7):
+        turn(conv, at=NOW - timedelta(minutes=minute), timings={"first_frame_sent": round(rng.uniform(50, 900), 1)},
+             error="llm: x" if minute % 5 == 0 else "")
+    turns_rollup(now=NOW)
+    overall = latency_figures("24h", now=NOW)  # per-source total rows
+    scoped = latency_figures("24h", Scope(persona_id=persona.pk), now=NOW)  # per-group rows
+    assert [(s.count, s.p50, s.p95, s.p99) for s in overall.device_stages] == [
+        (s.count, s.p50, s.p95, s.p99) for s in scoped.device_stages]
+    assert overall.all_turns == scoped.all_turns
+    assert [(p.stage, p.provider, p.served) for p in overall.providers] == [
+        (p.stage, p.provider, p.served) for p in scoped.providers]
 
 
 def test_figures_stay_exact_and_complete_when_the_rollup_has_not_run() -> None:
