@@ -20,11 +20,17 @@ MAX_MS = 10_000_000.0
 
 
 def _range_field() -> forms.ChoiceField:
-    return forms.ChoiceField(choices=list(RANGE_LABELS.items()), required=False)
+    return forms.ChoiceField(label=_("Range"), choices=list(RANGE_LABELS.items()), required=False)
 
 
 def _persona_field() -> forms.ModelChoiceField:
-    return forms.ModelChoiceField(Persona.objects.all(), required=False, empty_label=_("All personas"))
+    return forms.ModelChoiceField(Persona.objects.all(), label=_("Persona"), required=False,
+                                  empty_label=_("All personas"))
+
+
+def _source_field() -> forms.ChoiceField:
+    return forms.ChoiceField(label=_("Source"), choices=[("", _("All sources")), *Conversation.SOURCES],
+                             required=False)
 
 
 class _Query(forms.Form):
@@ -49,9 +55,11 @@ class DashboardQuery(_Query):
 
 class BreakdownQuery(_Query):
     range = _range_field()
-    by = forms.ChoiceField(choices=[("persona", _("persona")), ("provider", _("provider"))], required=False)
-    stage = forms.ChoiceField(choices=[(key, STAGE_LABELS[key]) for key in STAGE_PROVIDER], required=False)
-    source = forms.ChoiceField(choices=[("", _("All sources")), *Conversation.SOURCES], required=False)
+    by = forms.ChoiceField(label=_("By"), choices=[("persona", _("persona")), ("provider", _("provider"))],
+                           required=False)
+    stage = forms.ChoiceField(label=_("Stage"), choices=[(key, STAGE_LABELS[key]) for key in STAGE_PROVIDER],
+                              required=False)
+    source = _source_field()
     persona = _persona_field()
 
     def clean_by(self) -> str:
@@ -74,21 +82,22 @@ class TurnListQuery(_Query):
     """The filters behind every figure's link (see turnlist.py)."""
 
     range = _range_field()
-    source = forms.ChoiceField(choices=[("", _("All sources")), *Conversation.SOURCES], required=False)
+    source = _source_field()
     persona = _persona_field()
-    device = forms.ModelChoiceField(Device.objects.all(), required=False)
-    stage = forms.ChoiceField(choices=[("", "")] + [(key, STAGE_LABELS[key]) for key in STAGE_LABELS],
-                              required=False)
-    min_ms = forms.FloatField(min_value=0.0, max_value=MAX_MS, required=False)
-    provider = forms.CharField(max_length=104, required=False)  # served by: "tts:edge", "tts:edge,espeak"
-    fallback = forms.CharField(max_length=104, required=False)  # first choice replaced: "tts:edge"
-    failed = forms.ChoiceField(choices=[("", ""), ("any", _("any")), *((s, s) for s in (*FAILED_STAGES, "other"))],
+    device = forms.ModelChoiceField(Device.objects.all(), label=_("Device"), required=False)
+    stage = forms.ChoiceField(label=_("Stage"), choices=[("", ""), *STAGE_LABELS.items()], required=False)
+    min_ms = forms.FloatField(label=_("At least (ms)"), min_value=0.0, max_value=MAX_MS, required=False)
+    # served by: "tts:edge", or the exact list "tts:edge,espeak"
+    provider = forms.CharField(label=_("Served by"), max_length=104, required=False)
+    fallback = forms.CharField(label=_("First choice replaced"), max_length=104, required=False)  # "tts:edge"
+    failed = forms.ChoiceField(label=_("Failed"), choices=[("", ""), ("any", _("any")),
+                                                           *((s, s) for s in (*FAILED_STAGES, "other"))],
                                required=False)
-    interrupted = forms.BooleanField(required=False)
-    apology = forms.BooleanField(required=False)
-    tool = forms.CharField(max_length=200, required=False)
-    tool_failed = forms.BooleanField(required=False)
-    page = forms.IntegerField(min_value=1, max_value=MAX_PAGE, required=False)
+    interrupted = forms.BooleanField(label=_("Interrupted"), required=False)
+    apology = forms.BooleanField(label=_("Ended in the apology"), required=False)
+    tool = forms.CharField(label=_("Tool"), max_length=200, required=False)
+    tool_failed = forms.BooleanField(label=_("Tool failed"), required=False)
+    page = forms.IntegerField(label=_("Page"), min_value=1, max_value=MAX_PAGE, required=False)
 
     def clean_provider(self) -> tuple[str, str] | None:
         return _stage_kind(self.cleaned_data.get("provider") or "")

@@ -206,8 +206,11 @@ def test_the_device_page_shows_its_live_state_latency_and_last_turns(staff: Clie
     assert staff.get("/dashboard/devices/424242/live.json").status_code == 404
 
 
-def test_view_site_and_the_site_root_lead_to_the_dashboard(staff: Client) -> None:
-    assert 'href="/dashboard/"' in staff.get("/admin/").content.decode()
+def test_view_site_the_admin_home_and_the_site_root_lead_to_the_dashboard(staff: Client) -> None:
+    index = staff.get("/admin/").content.decode()
+    assert 'href="/dashboard/">View site' in index.replace("\n", "")  # the admin's user tools
+    assert '<a class="button" href="/dashboard/">Fleet dashboard</a>' in index
+    assert "Devices" in index  # the model list is still there
     response = staff.get("/")
     assert response.status_code == 302 and response["Location"] == "/dashboard/"
 
