@@ -15,16 +15,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import Any
 
-from django.db.models import Count, Q
 from django.utils import dateformat, timezone
 from django.utils.translation import gettext_lazy as _
 
-from conversations.models import Conversation, Persona, Turn
+from conversations.models import Conversation, Persona
 from dashboard import histogram
-from dashboard.live import LiveSessions, live_sessions
 from dashboard.rows import HOUR, Scope, floor_hour, rolled_until, rollup_group_turns, rollups_between, turn_rows
 from dashboard.stats import FAILED_STAGES, PROVIDER_STAGES, Aggregate, GroupKey, LastError
-from devices.models import Device
 
 RANGES: dict[str, timedelta] = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 RANGE_LABELS = {"1h": _("Last hour"), "24h": _("24 hours"), "7d": _("7 days")}
@@ -355,40 +352,6 @@ def breakdown(range_name: str, by: str, stage: str, scope: Scope = Scope(),
         rows.append(BreakdownRow("" if key is None else str(key), label, StageFigure.of(stage, aggregate),
                                  aggregate.turns, aggregate.errors))
     return sorted(rows, key=lambda r: (-r.turns, r.label))
-
-
-# -- the "now" strip ------------------------------------------------------------------------------
-
-
-@dataclass
-class NowFigures:
-    devices_online: int
-    turns_last_hour: int
-    errors_last_hour: int
-    sessions: LiveSessions
-    since: datetime
-
-    @property
-    def error_rate(self) -> float:
-        return self.errors_last_hour / self.turns_last_hour if self.turns_last_hour else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "devices_online": self.devices_online, "turns_last_hour": self.turns_last_hour,
-            "errors_last_hour": self.errors_last_hour, "error_rate": round(self.error_rate, 4),
-            "sessions_available": self.sessions.available, "sessions": self.sessions.sessions,
-            "device_sockets": self.sessions.device_sockets, "gateway_clients": self.sessions.gateway,
-            "processes": self.sessions.processes, "since": self.since.isoformat(),
-        }
-
-
-def now_figures(now: datetime | None = None) -> NowFigures:
-    """Cheap enough to poll every second: two indexed counts and the published live counts."""
-    now = now or timezone.now()
-    since = now - timedelta(hours=1)
-    turns = Turn.objects.filter(created_at__gte=since).aggregate(n=Count("pk"), errors=Count("pk", filter=~Q(error="")))
-    return NowFigures(devices_online=Device.objects.filter(is_online=True).count(), turns_last_hour=turns["n"],
-                      errors_last_hour=turns["errors"], sessions=live_sessions(), since=since)
 
 
 # -- JSON ------------------------------------------------------------------------------------------

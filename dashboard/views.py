@@ -23,6 +23,7 @@ from django.views.decorators.http import require_GET
 
 from dashboard.fleet import fleet_figures, fleet_json
 from dashboard.forms import BreakdownQuery, DashboardQuery, TurnListQuery
+from dashboard.now import now_figures
 from dashboard.selectors import (
     RANGE_LABELS,
     STAGE_LABELS,
@@ -30,7 +31,6 @@ from dashboard.selectors import (
     breakdown,
     figures_json,
     latency_figures,
-    now_figures,
 )
 from dashboard.turnlist import turn_page
 from devices.models import Device
@@ -49,6 +49,11 @@ def staff_required(view: View) -> View:
         return view(request, *args, **kwargs)
 
     return require_GET(never_cache(wrapped))
+
+
+def _can_read_turns(request: HttpRequest) -> bool:
+    """Error texts and transcripts need the same permission as the admin's turn list."""
+    return request.user.has_perm("conversations.view_turn")
 
 
 def _page(request: HttpRequest, template: str, title: Any, status: int = 200, **context: Any) -> TemplateResponse:
@@ -72,7 +77,8 @@ def index(request: HttpRequest) -> HttpResponse:
     return _page(request, "dashboard/index.html", _("Fleet dashboard"), query=query, figures=figures,
                  fleet=fleet_figures(now), now=now_figures(now), chart_data=chart_data,
                  ranges=list(RANGE_LABELS.items()), current_range=query.cleaned_data["range"],
-                 range_label=RANGE_LABELS[query.cleaned_data["range"]], persona=query.cleaned_data.get("persona"))
+                 range_label=RANGE_LABELS[query.cleaned_data["range"]], persona=query.cleaned_data.get("persona"),
+                 can_read_turns=_can_read_turns(request))
 
 
 @staff_required
@@ -88,6 +94,9 @@ def figures_data(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     body = figures_json(latency_figures(query.cleaned_data["range"], query.scope, now))
     body["fleet"] = fleet_json(fleet_figures(now))
+    if not _can_read_turns(request):
+        for row in (*body["failures"], *body["tools"]):
+            row["last_error"] = ""
     return JsonResponse(body)
 
 
@@ -106,7 +115,7 @@ def breakdown_page(request: HttpRequest) -> HttpResponse:
 
 @staff_required
 def turns(request: HttpRequest) -> HttpResponse:
-    if not request.user.has_perm("conversations.view_turn"):  # transcripts: as in the admin
+    if not _can_read_turns(request):
         raise PermissionDenied
     query = TurnListQuery(request.GET)
     if not query.is_valid():
@@ -120,6 +129,8 @@ def turns(request: HttpRequest) -> HttpResponse:
 
 @staff_required
 def device_live(request: HttpRequest, pk: int) -> HttpResponse:
+    if not request.user.has_perm("devices.view_device"):
+        raise PermissionDenied
     device = get_object_or_404(Device.objects.only("is_online", "online_since", "last_seen_at"), pk=pk)
     return JsonResponse({
         "online": device.is_online,

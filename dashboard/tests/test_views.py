@@ -54,13 +54,29 @@ def test_signed_in_users_who_are_not_staff_are_refused(client: Client, url: str)
     assert client.get(url).status_code == 403
 
 
-def test_staff_need_the_turn_view_permission_to_list_transcripts(client: Client) -> None:
+def test_staff_need_the_turn_view_permission_to_read_transcripts_and_error_texts(client: Client) -> None:
     user = UserFactory(is_staff=True)
     client.force_login(user)
+    turn(conversation(), at=timezone.now(), error="llm: upstream said something private")
     assert client.get("/dashboard/").status_code == 200
+    assert "something private" not in client.get("/dashboard/").content.decode()
+    assert "something private" not in client.get("/dashboard/figures.json").content.decode()
     assert client.get("/dashboard/turns/").status_code == 403
     user.user_permissions.add(Permission.objects.get(codename="view_turn"))
+    user = type(user).objects.get(pk=user.pk)  # permissions are cached per user object
+    client.force_login(user)
     assert client.get("/dashboard/turns/").status_code == 200
+    assert "something private" in client.get("/dashboard/").content.decode()
+    assert "something private" in client.get("/dashboard/figures.json").content.decode()
+
+
+def test_the_device_presence_call_needs_the_device_view_permission(client: Client) -> None:
+    device = DeviceFactory(is_online=True)
+    user = UserFactory(is_staff=True)
+    client.force_login(user)
+    assert client.get(f"/dashboard/devices/{device.pk}/live.json").status_code == 403
+    user.user_permissions.add(Permission.objects.get(codename="view_device"))
+    assert client.get(f"/dashboard/devices/{device.pk}/live.json").json()["online"] is True
 
 
 @pytest.mark.parametrize("url", PAGES)
