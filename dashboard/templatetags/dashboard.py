@@ -10,9 +10,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from conversations.models import Turn
-from dashboard.selectors import DEVICE_STAGES, STAGE_LABELS
-from dashboard.stats import TIMING_KEYS
 from dashboard import histogram
+from dashboard.selectors import DEVICE_STAGES, STAGE_LABELS
 
 register = template.Library()
 
@@ -96,4 +95,4 @@ def device_panel(context: template.Context, device: Any) -> dict[str, Any]:
     last = list(Turn.objects.filter(conversation__device=device).select_related("conversation")
                 .order_by("-created_at", "-pk")[:DEVICE_PANEL_TURNS]) if can_read else []
     return {"device": device, "stages": stages, "days": DEVICE_PANEL_DAYS, "last_turns": last,
-            "can_read": can_read, "timing_keys": TIMING_KEYS}
+            "can_read": can_read}

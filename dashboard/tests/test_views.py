@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from html import unescape
-from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
