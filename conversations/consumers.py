@@ -30,6 +30,7 @@ from conversations.pipeline.engine import VoiceEngine as FullVoiceEngine
 from conversations.pipeline.session import VoiceSession
 from conversations.selectors import persona_for_device, request_base_url, session_config_for
 from conversations.services import DbSessionHooks
+from dashboard.live import REGISTRY as LIVE_FIGURES
 from devices.addresses import header_value, scope_client_address
 from devices.auth import DeviceAuthResult
 from devices.presence import TOUCH_INTERVAL_SECONDS, device_connection_claim
@@ -128,6 +129,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self.session = VoiceSession(self, config, hooks, self.engine_factory,
                                     protocol_header=header_value(self.scope, b"protocol-version") or None,
                                     touch_interval=TOUCH_INTERVAL_SECONDS)
+        LIVE_FIGURES.track_device(self)  # the dashboard counts sessions by state
         await self.accept()
         self._open = True
         await self.session.start()

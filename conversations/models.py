@@ -150,6 +150,8 @@ class Conversation(models.Model):
             # The review list is newest first, overall and per device (the device page's link).
             models.Index(fields=["-started_at"], name="conversation_started"),
             models.Index(fields=["device", "-started_at"], name="conversation_device_started"),
+            # The dashboard's figures per source (device / gateway) over a time range.
+            models.Index(fields=["source", "started_at"], name="conversation_source_started"),
         ]
         verbose_name = _("conversation")
         verbose_name_plural = _("conversations")
@@ -193,10 +195,13 @@ class Turn(models.Model):
             models.UniqueConstraint(fields=["conversation", "index"], name="unique_turn_index"),
         ]
         indexes = [
+            # Time ranges (review lists, every dashboard figure: dashboard/rows.py).
             models.Index(fields=["-created_at"], name="turn_created"),
-            # Small partial indexes: the review filters ("has errors", "interrupted") and the
-            # audio retention sweep touch only the few rows that match.
+            # Small partial indexes: the review filters ("has errors", "interrupted"), the
+            # dashboard's lists of failed turns and the audio retention sweep touch only the
+            # few rows that match.
             models.Index(fields=["conversation"], condition=~Q(error=""), name="turn_with_error"),
+            models.Index(fields=["created_at"], condition=~Q(error=""), name="turn_error_created_at"),
             models.Index(fields=["conversation"], condition=Q(interrupted=True), name="turn_interrupted"),
             models.Index(fields=["created_at"], condition=HAS_AUDIO, name="turn_with_audio"),
         ]

@@ -66,6 +66,11 @@ class Device(models.Model):
         ordering = ["-last_seen_at", "mac"]
         verbose_name = _("device")
         verbose_name_plural = _("devices")
+        # The dashboard's fleet figures: devices gone quiet, firmware versions per board.
+        indexes = [
+            models.Index(fields=["last_seen_at"], name="device_last_seen"),
+            models.Index(fields=["board_type", "firmware_version"], name="device_board_firmware"),
+        ]
 
     def __str__(self) -> str:
         return self.name or self.mac

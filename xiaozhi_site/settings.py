@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "devices",
     "tools",
     "conversations",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -421,5 +422,10 @@ CELERY_BEAT_SCHEDULE = {
     "apply-history-retention": {
         "task": "conversations.tasks.history_retention_apply",
         "schedule": 3600.0,
+    },
+    # Finished hours of turns → dashboard.TurnRollup (7-day figures without reading every turn).
+    "dashboard-rollup-turns": {
+        "task": "dashboard.tasks.turns_rollup",
+        "schedule": 300.0,
     },
 }

@@ -43,6 +43,7 @@ from conversations.selectors import scope_client_address
 from conversations.services import HISTORY
 from conversations.turns.history import ConversationKey
 from conversations.turns.record import TurnRecord
+from dashboard.live import REGISTRY as LIVE_FIGURES
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             hooks = _HistoryHooks(scope_client_address(self.scope))
             config = gateway_config(characters, self.grant.system_prompt if self.grant else "")
             self.session = GatewaySession(self, config, PROCESS.store, llm, hooks)
+            LIVE_FIGURES.track_gateway(self)  # the dashboard counts connected clients
             await self.session.start()
         except Exception:
             log.exception("gateway session failed to start")

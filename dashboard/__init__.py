@@ -1,0 +1,1 @@
+"""The fleet dashboard: live presence, latency percentiles, failures and firmware adoption."""
