@@ -16,8 +16,9 @@ from conversations.models import Turn
 from conversations.tests.e2e import session_recorded_closed
 from dashboard.templatetags.dashboard import format_ms
 from devices.models import Device
-from devices.simulator.device import SimulatedDevice
-from devices.tests.factories import BoundDeviceFactory, PersonaFactory
+from simulator.device import SimulatedDevice
+from conversations.tests.factories import PersonaFactory
+from devices.tests.factories import BoundDeviceFactory
 from testing.speech import speak
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]

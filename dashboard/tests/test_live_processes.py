@@ -14,7 +14,7 @@ from django.conf import settings
 from django.test import Client
 
 from conversations.tests.e2e import session_recorded_closed
-from devices.simulator.device import SimulatedDevice
+from simulator.device import SimulatedDevice
 from devices.tests.factories import BoundDeviceFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

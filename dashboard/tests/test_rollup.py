@@ -14,7 +14,7 @@ from dashboard.rows import Scope
 from dashboard.selectors import breakdown, latency_figures
 from dashboard.services import turns_rollup
 from dashboard.tests.data import conversation, tool_call, turn
-from devices.tests.factories import PersonaFactory
+from conversations.tests.factories import PersonaFactory
 
 pytestmark = pytest.mark.django_db
 

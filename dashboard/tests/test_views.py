@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from conversations.pipeline.phrases import PHRASES
 from dashboard.tests.data import conversation, tool_call, turn
-from devices.tests.factories import DeviceFactory, PersonaFactory, UserFactory
+from conversations.tests.factories import PersonaFactory
+from devices.tests.factories import DeviceFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
