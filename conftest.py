@@ -175,3 +175,32 @@ def gateway_key(transactional_db: None) -> str:
     from conversations.gateway.keys import gateway_key_create
 
     return gateway_key_create(name="tests", requests_per_minute=100_000, max_connections=500)[1]
+
+
+@pytest.fixture
+def celery_worker_factory(transactional_db: None) -> Iterator:
+    """`celery_worker_factory(**env)` starts a real Celery worker process (solo pool) on the
+    test database, with extra environment; stopped after the test."""
+    import subprocess
+    import sys
+
+    from django.db import connection
+
+    from testing.server import BASE_DIR, database_url
+
+    workers: list[subprocess.Popen] = []
+
+    def start(**env: str) -> subprocess.Popen:
+        merged = {**os.environ, "DATABASE_URL": database_url(connection.settings_dict), **env}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "xiaozhi_site", "worker", "--pool=solo",
+             "--without-mingle", "--without-gossip", "-l", "warning"],
+            cwd=BASE_DIR, env=merged, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        workers.append(process)
+        return process
+
+    yield start
+    for process in workers:
+        process.terminate()
+        process.wait(timeout=20)

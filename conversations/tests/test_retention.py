@@ -2,10 +2,7 @@
 hourly Celery job and `manage.py apply_retention` run the same service."""
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -16,13 +13,11 @@ from django.conf import settings as django_settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.core.management import CommandError, call_command
-from django.db import connection
 from django.utils import timezone
 
 from conversations import retention
 from conversations.models import Conversation, Turn
 from conversations.retention import history_retention_apply
-from testing.server import database_url
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 
@@ -127,17 +122,8 @@ def test_beat_runs_retention_every_hour() -> None:
 
 
 @pytest.fixture
-def worker(media: Path) -> Iterator[subprocess.Popen]:
-    env = {**os.environ, "DATABASE_URL": database_url(connection.settings_dict), "XIAOZHI_MEDIA_ROOT": str(media),
-           "XIAOZHI_AUDIO_RETENTION_DAYS": "30"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "xiaozhi_site", "worker", "--pool=solo",
-         "--without-mingle", "--without-gossip", "-l", "warning"],
-        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    yield process
-    process.terminate()
-    process.wait(timeout=20)
+def worker(celery_worker_factory: Any, media: Path) -> subprocess.Popen:
+    return celery_worker_factory(XIAOZHI_MEDIA_ROOT=str(media), XIAOZHI_AUDIO_RETENTION_DAYS="30")
 
 
 @pytest.mark.slow

@@ -1,22 +1,18 @@
 """The rollup as Celery runs it: on the beat schedule, and done by a real worker process."""
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from dashboard.models import RollupState, TurnRollup
 from dashboard.rows import floor_hour
 from dashboard.tests.data import conversation, turn
-from testing.server import database_url
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 
@@ -31,16 +27,8 @@ def test_beat_runs_the_rollup_every_five_minutes() -> None:
 
 
 @pytest.fixture
-def worker() -> Iterator[subprocess.Popen]:
-    env = {**os.environ, "DATABASE_URL": database_url(connection.settings_dict)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "xiaozhi_site", "worker", "--pool=solo",
-         "--without-mingle", "--without-gossip", "-l", "warning"],
-        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    yield process
-    process.terminate()
-    process.wait(timeout=20)
+def worker(celery_worker_factory: Any) -> subprocess.Popen:
+    return celery_worker_factory()
 
 
 @pytest.mark.slow

@@ -2,35 +2,23 @@
 the integration tier (REDIS_URL set)."""
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from devices.models import Device
-from testing.server import database_url
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture
-def worker() -> Iterator[subprocess.Popen]:
-    env = {**os.environ, "DATABASE_URL": database_url(connection.settings_dict)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "xiaozhi_site", "worker", "--pool=solo",
-         "--without-mingle", "--without-gossip", "-l", "warning"],
-        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    yield process
-    process.terminate()
-    process.wait(timeout=20)
+def worker(celery_worker_factory: Any) -> subprocess.Popen:
+    return celery_worker_factory()
 
 
 def test_a_worker_process_runs_the_stale_presence_sweep(worker: subprocess.Popen) -> None:
