@@ -720,3 +720,14 @@ async def test_a_gateway_turn_records_the_llm_that_served(gateway: Gateway, fake
     assert got[-2]["type"] == "llm_response" and got[-2]["content"] == "Hello there, how can I help?"
     await session.aclose()
     assert [(a["kind"], a["ok"]) for a in hooks.turns[0].provider_attempts["llm"]] == [("openai", True)]
+
+
+async def test_a_model_that_never_answers_is_recorded_as_timed_out(gateway: Gateway, fake: FakeOpenAI) -> None:
+    session, client, hooks = await gateway.open(llm_timeout=0.3)
+    fake.script(Reply(hang=True))
+    await send(session, type="text_input", text="hi")
+    assert errors(await client.until_idle()) == ["TIMEOUT"]
+    await session.aclose()
+    (attempt,) = hooks.turns[0].provider_attempts["llm"]
+    assert (attempt["kind"], attempt["ok"], attempt["error"]) == ("openai", False, "TimeoutError")
+    assert attempt["ms"] >= 300

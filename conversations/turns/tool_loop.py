@@ -158,6 +158,7 @@ class ToolLoop:
         watcher = self._watcher
         if watcher is not None:
             watcher.waiting()
+        kind: str | None = None
         try:
             async with asyncio.timeout(self._round_timeout):
                 kind, deltas = await fallback.stream_llm(
@@ -179,6 +180,13 @@ class ToolLoop:
                             thought.rounds[-1] += delta.text
                             if on_text is not None:
                                 await on_text(delta.text)
+        except TimeoutError:
+            if kind is None and chain.slots:
+                # The round's deadline cut a model that never answered: the chain could not
+                # log that attempt, the turn's record should (the stuck one is tried first).
+                elapsed_ms = (time.perf_counter() - started) * 1000
+                thought.attempts.failed("llm", chain.order()[0].kind, "TimeoutError", elapsed_ms)
+            raise
         finally:
             thought.llm_seconds += time.perf_counter() - started
         return calls
