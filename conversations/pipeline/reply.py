@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
 from conversations.capture import AttemptLog, TurnAudio
 from conversations.pipeline import fallback, phrases
+from conversations.pipeline.answer import Answer, Filler
 from conversations.pipeline.contracts import EngineContext
 from conversations.pipeline.fallback import AllProvidersFailed, Chains, ProviderChain, StageChains
 from conversations.pipeline.listen import Utterance
@@ -33,11 +33,11 @@ from conversations.pipeline.speak import (
     SpeechStream,
 )
 from conversations.pipeline.text import SentenceSplitter, is_speakable, split_emotion
-from conversations.pipeline.think import EMOTION_EMOJI, EmotionGate, Thinker
+from conversations.pipeline.think import Thinker
 from conversations.providers.base import ProviderError
 from conversations.turns.record import TurnRecord
 from conversations.turns.tool_loop import Thought
-from devices.protocol.messages import Llm, Message, Stt
+from devices.protocol.messages import Message, Stt
 
 log = logging.getLogger(__name__)
 
@@ -117,68 +117,6 @@ class ReplyHandle:
         return guarded
 
 
-class _Answer:
-    """The model's words on their way to speech: the leading emoji becomes the `llm` frame
-    (once per turn), the rest whole sentences for the speech stream; `spoken` keeps the
-    sentences pushed."""
-
-    def __init__(self, speech: SpeechStream, send: SendMessage, record: TurnRecord) -> None:
-        self._speech, self._send, self._record = speech, send, record
-        self._gate, self._splitter = EmotionGate(), SentenceSplitter()
-        self.spoken: list[str] = []
-
-    async def feed(self, delta: str) -> None:
-        emotion, rest = self._gate.push(delta)
-        await self._emotion(emotion)
-        self._push(self._splitter.push(rest))
-
-    async def end(self, *, complete: bool) -> None:
-        """The model is done; `complete=False` (it failed) drops an unfinished sentence."""
-        emotion, rest = self._gate.flush()
-        await self._emotion(emotion)
-        self._push(self._splitter.push(rest) + (self._splitter.flush() if complete else []))
-
-    def _push(self, sentences: list[str]) -> None:
-        for sentence in sentences:
-            if self._speech.push(sentence):
-                self.spoken.append(sentence)
-
-    async def _emotion(self, emotion: str | None) -> None:
-        if emotion is not None:
-            self._record.emotion = emotion
-            await self._send(Llm(emotion=emotion, text=EMOTION_EMOJI.get(emotion, "")))
-
-
-class Filler:
-    """The filler ("one moment…"), said at most once per turn when the user has waited
-    `after` seconds for the model's first words or for a tool (tool_loop.WaitWatcher).
-
-    `waiting()` arms a timer unless one runs; `answered()` (the round's first text) disarms
-    it, so an answer in time is never preceded by a filler. When the timer fires, `say`
-    queues the phrase as the reply's next sentence: the wire sequence and the pacing are the
-    speech stream's as for any sentence.
-    """
-
-    def __init__(self, after: float, say: Callable[[], None]) -> None:
-        self._after, self._say = after, say
-        self._timer: asyncio.TimerHandle | None = None
-        self.said = False
-
-    def waiting(self) -> None:
-        if self._after > 0 and not self.said and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._after, self._fire)
-
-    def answered(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _fire(self) -> None:
-        self._timer = None
-        self.said = True
-        self._say()
-
-
 # -- what a reply does ---------------------------------------------------------------------
 
 Outcome = str  # "empty" | "spoken" | "exit_phrase" | "apology"
@@ -220,8 +158,8 @@ class TurnRunner:
         record = TurnRecord(index=reply.index, timings={"speech_end": 0.0}, session_id=self._ctx.config.session_id)
         thought = Thought()
         origin = utterance.ended_at
-        if reply.audio is not None and self._ctx.config.recording == "on":
-            reply.audio.uplink.packets = utterance.packets  # as heard, pre-roll included
+        if reply.audio is not None:
+            reply.audio.uplink.packets = utterance.packets  # as heard, pre-roll included ("on" only)
         chains = await self._chains.get()
         try:
             try:
@@ -276,7 +214,7 @@ class TurnRunner:
         self, reply: ReplyHandle, chains: StageChains, text: str, thought: Thought, record: TurnRecord, origin: float
     ) -> None:
         speech = self._stream(reply, chains.tts, await self._start_speaking(reply), thought.attempts)
-        answer = _Answer(speech, reply.guard_send(self._ctx.send), record)
+        answer = Answer(speech, reply.guard_send(self._ctx.send), record)
         filler = Filler(self._ctx.config.filler_after, lambda: self._say_filler(speech, record, origin))
         try:
             try:
