@@ -150,3 +150,12 @@ async def test_a_stall_before_any_whole_sentence_is_just_the_apology(rig: Any) -
     assert subtitles(r) == [phrases.apology("en")]
     assert r.hooks.turns[0].reply_text == phrases.apology("en")
     assert next(m for m in r.transport.decoded() if isinstance(m, Llm)).emotion == "happy"
+
+
+def test_the_review_waterfall_shows_when_the_filler_was_said() -> None:
+    from conversations.review import timing_rows
+
+    rows = timing_rows({"speech_end": 0.0, "asr_done": 300.0, "filler": 2300.0, "llm_first_token": 4100.0})
+    assert [row.label for row in rows] == ["End of speech", "Speech recognised", "Filler said (a long wait)",
+                                           "First LLM token"]
+    assert [row.delta_ms for row in rows] == [0.0, 300.0, 2000.0, 1800.0]
