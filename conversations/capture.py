@@ -10,16 +10,25 @@ providers were tried; TTS and LLM may have several entries per kind, one per cal
      "tts": [{"kind": "edge", "ok": false, "error": "ClientConnectorDNSError", "ms": 12.0},
              {"kind": "espeak", "ok": true, "ms": 15.0}]}
 
-`ms` is how long the attempt took; for a failure, the time lost before the next provider was
-tried. `error` is the exception's class name (never its message: messages can carry URLs and
-keys). A stage without entries is left out.
+`ms` is how long the attempt took to answer (ASR: the transcription; LLM: its first token;
+TTS: a sentence's first audio); for a failure, the time lost before the next provider was
+tried (a stream that broke after its first item: the whole attempt). `error` is the
+exception's class name (never its message: messages can carry URLs and keys). A stage without
+entries is left out.
+
+TTS runs once per sentence, so its successes are collapsed: a success of the provider that
+also served the stage's previous attempt adds nothing (a reply of twenty sentences spoken by
+one engine is one entry); every failure, and the first success after a change of provider,
+is kept. LLM attempts are kept one per call (one per tool-loop round).
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 STAGES = ("asr", "llm", "tts")
+COLLAPSED_STAGES = frozenset({"tts"})  # one call per sentence: repeated successes add nothing
 MAX_ATTEMPTS_PER_STAGE = 50  # one turn's row stays small whatever a broken provider does
 MAX_ERROR_CHARS = 120
 UPLINK_RATE = 16000  # the firmware's uplink Opus rate
@@ -56,6 +65,48 @@ class TurnAudio:
         return cls(uplink=AudioTrack(uplink_rate), downlink=AudioTrack(downlink_rate))
 
 
+class PacketTrail:
+    """The uplink packets behind a PCM buffer, so an utterance's packets can be cut out with
+    the same bounds as its PCM (endpointing.py's `Ear`: pre-roll included).
+
+    Positions are byte offsets in the decoded PCM stream. The hearing job appends
+    `(packet, decoded bytes)` to `entries` for every packet it decodes (one list append per
+    packet, nothing else per frame); trimming and cutting happen once per batch and once per
+    utterance.
+    """
+
+    def __init__(self) -> None:
+        self.entries: deque[tuple[bytes, int]] = deque()
+        self.start = 0  # stream offset of the first entry's PCM
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.start = 0
+
+    def drop_before(self, offset: int) -> None:
+        """Forget packets whose PCM ends at or before `offset` (the buffer dropped it)."""
+        entries = self.entries
+        while entries and self.start + entries[0][1] <= offset:
+            self.start += entries.popleft()[1]
+
+    def between(self, begin: int, end: int) -> list[bytes]:
+        """The packets whose PCM overlaps [begin, end): they cover the slice, a few ms more."""
+        packets: list[bytes] = []
+        position = self.start
+        for packet, size in self.entries:
+            if position >= end:
+                break
+            if position + size > begin:
+                packets.append(packet)
+            position += size
+        return packets
+
+    def take_all(self) -> list[bytes]:
+        packets = [packet for packet, _ in self.entries]
+        self.clear()
+        return packets
+
+
 @dataclass(frozen=True)
 class ProviderAttempt:
     kind: str
@@ -80,21 +131,49 @@ class AttemptLog:
 
     stages: dict[str, list[ProviderAttempt]] = field(default_factory=dict)
 
-    def add(self, stage: str, attempt: ProviderAttempt) -> None:
+    def add(self, stage: str, attempt: ProviderAttempt) -> ProviderAttempt | None:
         attempts = self.stages.setdefault(stage, [])
-        if len(attempts) < MAX_ATTEMPTS_PER_STAGE:
-            attempts.append(attempt)
+        if len(attempts) >= MAX_ATTEMPTS_PER_STAGE:
+            return None
+        attempts.append(attempt)
+        return attempt
 
-    def served(self, stage: str, kind: str, ms: float) -> None:
-        self.add(stage, ProviderAttempt(kind=kind, ok=True, ms=ms))
+    def served(self, stage: str, kind: str, ms: float) -> ProviderAttempt | None:
+        """Record a success; returns its entry (None when collapsed into the previous one)."""
+        previous = self.stages.get(stage)
+        if stage in COLLAPSED_STAGES and previous and previous[-1].ok and previous[-1].kind == kind:
+            return None
+        return self.add(stage, ProviderAttempt(kind=kind, ok=True, ms=ms))
 
     def failed(self, stage: str, kind: str, error: BaseException | str, ms: float) -> None:
-        name = error if isinstance(error, str) else type(error).__name__
-        self.add(stage, ProviderAttempt(kind=kind, ok=False, ms=ms, error=name))
+        self.add(stage, ProviderAttempt(kind=kind, ok=False, ms=ms, error=_error_name(error)))
+
+    def broke(self, stage: str, entry: ProviderAttempt | None, kind: str, error: BaseException | str,
+              ms: float) -> None:
+        """A stream that answered (`entry`, from `served`) and then failed: that success
+        becomes a failure, so a model that stalled after its first token reads as failed and
+        not as "served, then failed". A collapsed success (None) gets a failure of its own."""
+        attempts = self.stages.get(stage, [])
+        failure = ProviderAttempt(kind=kind, ok=False, ms=ms, error=_error_name(error))
+        for position in range(len(attempts) - 1, -1, -1):
+            if attempts[position] is entry:
+                attempts[position] = failure
+                return
+        self.add(stage, failure)
+
+    def extend(self, other: AttemptLog) -> None:
+        """Add another log's attempts after this one's (a speculative ASR the turn used)."""
+        for stage, attempts in other.stages.items():
+            for attempt in attempts:
+                self.add(stage, attempt)
 
     def as_json(self) -> dict[str, list[dict[str, Any]]]:
         ordered = [*STAGES, *sorted(set(self.stages) - set(STAGES))]
         return {stage: [a.as_json() for a in self.stages[stage]] for stage in ordered if self.stages.get(stage)}
+
+
+def _error_name(error: BaseException | str) -> str:
+    return error if isinstance(error, str) else type(error).__name__
 
 
 def attempts_from_json(data: object) -> dict[str, list[ProviderAttempt]]:

@@ -31,6 +31,7 @@ MAX_SHOWN_CHARS = 20_000  # tool arguments/results beyond this are cut on the pa
 DEVICE_TIMINGS: tuple[tuple[str, Promise], ...] = (
     ("speech_end", _("End of speech")),
     ("asr_done", _("Speech recognised")),
+    ("filler", _("Filler said (a long wait)")),
     ("llm_first_token", _("First LLM token")),
     ("tts_first_audio", _("First synthesized audio")),
     ("first_frame_sent", _("First audio frame sent")),

@@ -15,6 +15,7 @@ from django.conf import settings
 
 from conversations.models import Persona
 from conversations.pipeline.config import DeviceInfo, PersonaConfig, SessionConfig
+from conversations.recording import recording_mode
 from devices.addresses import header_value, scope_client_address  # noqa: F401  (re-exported)
 from devices.auth import DeviceAuthResult
 from devices.models import Device
@@ -118,6 +119,10 @@ def session_config_for(
         max_messages_per_second=settings.XIAOZHI_MAX_MESSAGES_PER_SECOND,
         device_tool_timeout=settings.TOOLS_DEVICE_TIMEOUT,
         server_tool_timeout=settings.TOOLS_SERVER_TIMEOUT,
+        llm_first_token_timeout=settings.LLM_FIRST_TOKEN_TIMEOUT,
+        llm_inter_token_timeout=settings.LLM_INTER_TOKEN_TIMEOUT,
+        filler_after=settings.XIAOZHI_FILLER_SECONDS,
+        recording=recording_mode(persona_records=persona.record_audio),
         vision_url=f"{base_url}{VISION_PATH}" if base_url else "",
         vision_token=vision_token_issue(device=device),
         unbound_policy=settings.XIAOZHI_UNBOUND_POLICY,

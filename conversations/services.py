@@ -14,8 +14,10 @@ from channels.db import database_sync_to_async
 from django.db import DatabaseError, OperationalError, transaction
 from django.utils import timezone
 
+from conversations.capture import TurnAudio
 from conversations.models import Conversation, Turn
 from conversations.pipeline.config import SessionInfo
+from conversations.recording import turn_audio_save_later
 from conversations.turns.history import ConversationKey, HistoryWriter, PendingTurn
 from conversations.turns.record import TurnRecord
 from devices.models import Device
@@ -24,7 +26,8 @@ from devices.presence import device_mark_offline, device_mark_online, device_tou
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_TURN_FIELDS = ("user_text", "reply_text", "emotion", "tool_calls", "providers", "timings", "interrupted", "error")
+_TURN_FIELDS = ("user_text", "reply_text", "emotion", "tool_calls", "providers", "provider_attempts", "timings",
+                "interrupted", "error")
 _ERROR_LENGTH = Turn._meta.get_field("error").max_length or 200
 _EMOTION_LENGTH = Turn._meta.get_field("emotion").max_length or 20
 
@@ -58,6 +61,9 @@ def history_save(*, turns: list[PendingTurn], ended: list[ConversationKey]) -> N
     cannot store), every turn is tried alone so one bad row never takes the others down.
     A failure to reach the database (OperationalError: locked, connection lost) is raised
     for the writer to retry the whole batch.
+
+    Turn audio goes to the audio writer (conversations/recording.py) once the turn's row is
+    committed, by its stored id; writing it never fails or delays the turn.
     """
     try:
         with transaction.atomic():
@@ -92,6 +98,33 @@ def _save_turns(turns: list[PendingTurn]) -> None:
     Turn.objects.bulk_create(
         rows, update_conflicts=True, unique_fields=["conversation", "index"], update_fields=list(_TURN_FIELDS),
     )  # idempotent per (conversation, index): a turn stored twice is updated
+    audio = [(row, p.turn.audio) for row, p in zip(rows, turns, strict=True) if p.turn.audio is not None]
+    if audio:
+        stored = _stored_ids([row for row, _ in audio])
+        handover = [(turn_id, track) for row, track in audio
+                    if (turn_id := stored.get((row.conversation_id, row.index))) is not None]
+        transaction.on_commit(lambda: _audio_save_later(handover), robust=True)
+
+
+def _stored_ids(rows: list[Turn]) -> dict[tuple[int, int], int]:
+    """(conversation, index) → the stored row's id. bulk_create sets it where the database
+    returns rows from an upsert (PostgreSQL, SQLite ≥ 3.35); elsewhere it is looked up."""
+    ids = {(row.conversation_id, row.index): row.pk for row in rows if row.pk is not None}
+    missing = [row for row in rows if row.pk is None]
+    if missing:
+        found = Turn.objects.filter(conversation_id__in={r.conversation_id for r in missing},
+                                    index__in={r.index for r in missing})
+        ids.update({(c, i): pk for c, i, pk in found.values_list("conversation_id", "index", "pk")})
+    return ids
+
+
+def _audio_save_later(handover: list[tuple[int, TurnAudio]]) -> None:
+    """After the commit: queue each stored turn's audio; a failure costs the audio only."""
+    for turn_id, audio in handover:
+        try:
+            turn_audio_save_later(turn_id=turn_id, audio=audio)
+        except Exception:
+            logger.exception("turn audio not queued", extra={"turn_id": turn_id})
 
 
 def _conversation_ids(keys: set[ConversationKey]) -> dict[tuple[str, str], int]:
@@ -120,6 +153,7 @@ def _turn_row(turn: TurnRecord, conversation_id: int) -> Turn:
         emotion=db_text(turn.emotion)[:_EMOTION_LENGTH],
         tool_calls=db_json(turn.tool_calls),
         providers=db_json(turn.providers),
+        provider_attempts=db_json(turn.provider_attempts),
         timings=turn.timings,
         interrupted=turn.interrupted,
         error=db_text(turn.error)[:_ERROR_LENGTH],

@@ -9,7 +9,8 @@ provider configuration like any provider's (`"asr.fake_echo": {"text": "hi"}`).
 Kinds:
 - asr  fake_echo: answers `text` (or the next of `script`) at once.
 - llm  fake_echo: streams `reply` (default: an emoji and the user's words) at once; with
-       `tool_calls` it first calls those tools, then answers after the tool results.
+       `tool_calls` it first calls those tools, then answers after the tool results;
+       `stall_after=N` goes silent for good after N chunks of the answer.
 - tts  fake_tone: `duration_ms` of a 440 Hz tone per sentence at once.
 - asr/llm/tts fail: raise ProviderError (after `delay` seconds).
 - asr/llm/tts hang: never answer (for timeout fallbacks).
@@ -53,12 +54,14 @@ class FakeEchoLLM:
         tool_calls: list[dict[str, Any]] | None = None,
         first_token_delay: float = 0.0,
         chunk_chars: int = 8,
+        stall_after: int | None = None,
         **_: Any,
     ) -> None:
         self.reply = reply
         self.tool_calls = list(tool_calls or [])
         self.first_token_delay = float(first_token_delay)
         self.chunk_chars = max(1, int(chunk_chars))
+        self.stall_after = stall_after
         self.requests: list[list[dict]] = []
 
     async def stream(
@@ -71,7 +74,9 @@ class FakeEchoLLM:
             yield LLMDelta(tool_calls=[_call(i, c) for i, c in enumerate(self.tool_calls)])
             return
         text = self.reply or f"🙂 You said: {_last_user_text(messages)}."
-        for start in range(0, len(text), self.chunk_chars):
+        for number, start in enumerate(range(0, len(text), self.chunk_chars)):
+            if number == self.stall_after:
+                await asyncio.Event().wait()  # a model that stops sending and never finishes
             yield LLMDelta(text=text[start : start + self.chunk_chars])
 
 

@@ -313,6 +313,9 @@ XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS = envint("XIAOZHI_MAX_UNBOUND_DEVICE_CONN
 XIAOZHI_MAX_MESSAGES_PER_SECOND = envint("XIAOZHI_MAX_MESSAGES_PER_SECOND", 100, minimum=1)
 XIAOZHI_IDLE_TIMEOUT_SECONDS = envfloat("XIAOZHI_IDLE_TIMEOUT_SECONDS", 120.0, minimum=1)
 XIAOZHI_HARD_TIMEOUT_SECONDS = envfloat("XIAOZHI_HARD_TIMEOUT_SECONDS", 180.0, minimum=1)
+# A device says "one moment…" (once per turn) when the first words of a reply or a tool call
+# keep the user waiting this long; 0 never says it.
+XIAOZHI_FILLER_SECONDS = envfloat("XIAOZHI_FILLER_SECONDS", 2.0, minimum=0)
 
 # --- HTTP edge (applied inside daphne before a request reaches Django; docs/security.md) ---
 # Bodies over the limit get 413 before they are read or spooled to disk.
@@ -335,6 +338,11 @@ LLM_BASE_URL = envstr("LLM_BASE_URL", "http://127.0.0.1:11434/v1/")
 LLM_API_KEY = envsecret("LLM_API_KEY", "not-needed")
 LLM_MODEL = envstr("LLM_MODEL", "qwen2.5:3b")
 LLM_TIMEOUT = envfloat("LLM_TIMEOUT", 120.0, minimum=1)
+# Bounded waits: an LLM's first token (else the next LLM; devices only: the gateway's
+# LLM_TIMEOUT decides there), and the silence between two tokens (else the device's apology,
+# the gateway's TIMEOUT).
+LLM_FIRST_TOKEN_TIMEOUT = envfloat("LLM_FIRST_TOKEN_TIMEOUT", 15.0, minimum=0.1)
+LLM_INTER_TOKEN_TIMEOUT = envfloat("LLM_INTER_TOKEN_TIMEOUT", 10.0, minimum=0.1)
 LLM_TEMPERATURE = envfloat("LLM_TEMPERATURE", 0.7, minimum=0.0, maximum=1.0)
 LLM_MAX_TOKENS = envint("LLM_MAX_TOKENS", 2048, minimum=1)
 LLM_ENABLE_CONTEXT = envbool("LLM_ENABLE_CONTEXT", False)

@@ -55,6 +55,7 @@ def gateway_config(characters: list[dict[str, str]], system_prompt: str = "") ->
     return GatewayConfig(
         model=settings.LLM_MODEL,
         llm_timeout=settings.LLM_TIMEOUT,
+        llm_inter_token_timeout=settings.LLM_INTER_TOKEN_TIMEOUT,
         temperature=settings.LLM_TEMPERATURE,
         max_tokens=settings.LLM_MAX_TOKENS,
         max_tokens_limit=settings.LLM_MAX_TOKENS,

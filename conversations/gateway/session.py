@@ -331,7 +331,8 @@ class GatewaySession:
 
     def _turn_settings(self) -> TurnSettings:
         config = self._config
-        return TurnSettings(config.model, config.llm_timeout, config.max_tool_rounds, config.client_tool_timeout)
+        return TurnSettings(config.model, config.llm_timeout, config.max_tool_rounds, config.client_tool_timeout,
+                            config.llm_inter_token_timeout)
 
     def _messages(self, record: SessionRecord, text: str) -> list[dict[str, Any]]:
         """Seed §6.3: with enable_context the history comes before the new message."""
@@ -373,6 +374,7 @@ class GatewaySession:
             timings=timings,
             error=error,
             interrupted=interrupted,
+            provider_attempts=thought.attempts.as_json(),
         )
         self._hooks.turn_finished(turn)
 

@@ -33,6 +33,7 @@ class GatewayConfig:
 
     model: str
     llm_timeout: float = 120.0
+    llm_inter_token_timeout: float = 10.0  # LLM_INTER_TOKEN_TIMEOUT: silence after the first token → TIMEOUT
     temperature: float = 0.7
     max_tokens: int = 2048
     max_tokens_limit: int = 2048

@@ -6,8 +6,9 @@ Server tools run first (a `tool_call` notice each, seed §7.6), then client tool
 failed tool call is reported as an `error` *notice* (TOOL_NOT_FOUND, INVALID_TOOL_PARAMETERS,
 TOOL_RESULT_TIMEOUT, TOOL_EXECUTION_FAILED) while the model still gets a result text, so the
 turn goes on and ends with `llm_response`. Only the LLM failing ends a turn early
-(GatewayError LLM_ERROR or TIMEOUT after LLM_TIMEOUT per round); an LLM provider that breaks
-its contract is a bug of ours and surfaces as such (INTERNAL_ERROR).
+(GatewayError LLM_ERROR, or TIMEOUT after LLM_TIMEOUT per round or LLM_INTER_TOKEN_TIMEOUT of
+silence between two tokens); an LLM provider that breaks its contract is a bug of ours and
+surfaces as such (INTERNAL_ERROR).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from conversations.gateway import protocol
 from conversations.gateway.client_tools import CALL_TRACE, CallTrace
 from conversations.gateway.protocol import ErrorCode, GatewayError
 from conversations.gateway.store import ChatOptions
-from conversations.pipeline.fallback import AllProvidersFailed, ProviderBroke, ProviderChain
+from conversations.pipeline.fallback import AllProvidersFailed, ProviderBroke, ProviderChain, ProviderStalled
 from conversations.providers.base import ProviderError, ToolCall
 from conversations.turns.tool_loop import LLMOptions, Thought, ToolLoop
 from tools.registry import ToolCallRecord, Toolset
@@ -34,6 +35,7 @@ class TurnSettings:
     llm_timeout: float
     max_tool_rounds: int
     client_tool_timeout: float
+    llm_inter_token_timeout: float | None = None
 
 
 class TurnRunner:
@@ -54,6 +56,7 @@ class TurnRunner:
             max_rounds=settings.max_tool_rounds,
             round_timeout=settings.llm_timeout,
             run_calls=self._run_calls,
+            inter_token_timeout=settings.llm_inter_token_timeout,
         )
         # llm_tools() and specs() list the same entries in the same order.
         pairs = zip(toolset.llm_tools(), toolset.specs(), strict=True)
@@ -64,6 +67,8 @@ class TurnRunner:
             await self._loop.run(self._llm, messages, self.thought)
         except TimeoutError:
             raise _llm_timeout(self._settings.llm_timeout) from None
+        except ProviderStalled as exc:
+            raise GatewayError(ErrorCode.TIMEOUT, "Request timed out", str(exc)[:300]) from None
         except ProviderError as exc:
             raise _llm_failure(exc, self._settings.llm_timeout) from None
         return self.thought

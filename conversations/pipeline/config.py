@@ -64,6 +64,15 @@ class SessionConfig:
     max_messages_per_second: int = 100
     device_tool_timeout: float = 30.0
     server_tool_timeout: float = 10.0
+    # Bounded waits (docs/security.md): the LLM's first token (else the next provider), every
+    # later token (else the apology), and the filler said once per turn when the user has
+    # waited this long for the first words or a tool (0: never).
+    llm_first_token_timeout: float = 15.0
+    llm_inter_token_timeout: float = 10.0
+    filler_after: float = 2.0
+    # What the session keeps for review: "on" (utterance and reply), "reply-only", "off"
+    # (XIAOZHI_RECORDING and the persona's switch: conversations.recording.recording_mode).
+    recording: str = "on"
     vision_url: str = ""
     vision_token: str = ""
     unbound_policy: str = "speak_code"

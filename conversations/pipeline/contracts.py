@@ -94,7 +94,8 @@ class VoiceEngine(Protocol):
 
     async def interrupt(self, reason: str | None) -> None: ...  # returns once the reply has ended
 
-    async def say(self, text: str) -> None: ...  # returns after the reply ended
+    async def say(self, text: str, *, record: bool = False) -> None: ...  # returns after the reply ended;
+    # record: a turn of the history (an operator's `say`), not the server's own words
 
     async def aclose(self) -> None: ...
 
@@ -131,7 +132,7 @@ class NullEngine:
     def on_audio(self, opus: bytes) -> None:
         self.audio_frames += 1
 
-    async def say(self, text: str) -> None:
+    async def say(self, text: str, *, record: bool = False) -> None:
         self.events.append(("say", text))
         self.ctx.replies.reply_started("say")
         await self.ctx.replies.reply_speaking()

@@ -11,9 +11,10 @@ utterance length limit. Pure and synchronous; timestamps are added on the loop.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from conversations.capture import PacketTrail
 from conversations.providers.base import VAD
 from devices.protocol.opus import AudioError, OpusDecoder
 
@@ -41,14 +42,17 @@ class Mark:
     kind: str  # "started" | "paused" | "resumed" | "stopped"
     pcm: bytes = b""
     speech_ms: float = 0.0
+    packets: list[bytes] = field(default_factory=list)  # "stopped": the Opus behind `pcm` (recording)
 
 
 class Ear:
     """Decoder, VAD state, endpointing and PCM buffer of one session. Used in pool threads,
     by one job at a time (its session awaits each job)."""
 
-    def __init__(self, settings: VADSettings, vad: VAD) -> None:
+    def __init__(self, settings: VADSettings, vad: VAD, *, keep_packets: bool = False) -> None:
         self._settings = settings
+        # The utterance's Opus packets as heard, for turn audio (None: not recorded).
+        self.trail: PacketTrail | None = PacketTrail() if keep_packets else None
         self._window_ms = vad.window_ms
         self._decoder: OpusDecoder | None = None
         self.vad_stream = vad.stream()
@@ -71,12 +75,15 @@ class Ear:
         self._utt_start_ms = None
         self._voiced = self._paused = False
         self._quiet_ms = 0.0
+        if self.trail is not None:
+            self.trail.clear()
 
     def hear(self, packets: list[bytes], endpointing: bool) -> tuple[bytes, int]:
         """Decode and buffer a batch; return its PCM and the count of packets that would not
         decode (manual mode buffers up to MAX_MANUAL_MS)."""
-        pcm, invalid = self._decode(packets)
-        if endpointing or len(self._buf) < MAX_MANUAL_MS * BYTES_PER_MS:
+        keep = endpointing or len(self._buf) < MAX_MANUAL_MS * BYTES_PER_MS
+        pcm, invalid = self._decode(packets, self.trail if keep else None)
+        if keep:
             self._buf += pcm
         return pcm, invalid
 
@@ -88,22 +95,28 @@ class Ear:
         marks += self._pause_marks(probabilities)
         return marks + self._trim()
 
-    def take_all(self) -> bytes:
-        """Everything buffered (manual mode's `listen stop`); the buffer starts over."""
+    def take_all(self) -> tuple[bytes, list[bytes]]:
+        """Everything buffered and its packets (manual mode's `listen stop`); the buffer
+        starts over."""
         pcm = bytes(self._buf)
+        packets = self.trail.take_all() if self.trail is not None else []
         self.reset()
-        return pcm
+        return pcm, packets
 
-    def _decode(self, packets: list[bytes]) -> tuple[bytes, int]:
+    def _decode(self, packets: list[bytes], trail: PacketTrail | None) -> tuple[bytes, int]:
         if self._decoder is None:
             self._decoder = OpusDecoder(SAMPLE_RATE)
         parts: list[bytes] = []
         invalid = 0
         for packet in packets:
             try:
-                parts.append(self._decoder.decode(packet))
+                pcm = self._decoder.decode(packet)
             except AudioError:
                 invalid += 1
+                continue
+            parts.append(pcm)
+            if trail is not None:
+                trail.entries.append((packet, len(pcm)))  # recording: the one extra step per packet
         return b"".join(parts), invalid
 
     def _mark(self, event: VADEvent) -> Mark:
@@ -114,7 +127,7 @@ class Ear:
         start = self._utt_start_ms if self._utt_start_ms is not None else self._buf_start_ms
         self._utt_start_ms = None
         speech_ms = (event.speech_end_ms or event.at_ms) - event.speech_start_ms
-        return Mark("stopped", self._slice(start, event.at_ms), speech_ms)
+        return Mark("stopped", self._slice(start, event.at_ms), speech_ms, self._packets(start, event.at_ms))
 
     def _pause_marks(self, probabilities: list[float]) -> list[Mark]:
         """A pause long enough to guess the utterance ended, or speech resuming after one."""
@@ -140,6 +153,12 @@ class Ear:
         end = int((end_ms - self._buf_start_ms) * BYTES_PER_MS) & ~1
         return bytes(self._buf[max(0, begin) : max(0, end)])
 
+    def _packets(self, start_ms: float, end_ms: float) -> list[bytes]:
+        """The uplink packets behind `_slice(start_ms, end_ms)` (when recording)."""
+        if self.trail is None:
+            return []
+        return self.trail.between(int(start_ms * BYTES_PER_MS) & ~1, int(end_ms * BYTES_PER_MS) & ~1)
+
     def _trim(self) -> list[Mark]:
         """Bound the buffer: pre-roll only while idle, `MAX_UTTERANCE_MS` in speech."""
         end_ms = self._buf_start_ms + len(self._buf) / BYTES_PER_MS
@@ -150,15 +169,16 @@ class Ear:
         if end_ms - self._utt_start_ms < MAX_UTTERANCE_MS:
             return []
         # A monologue (or endless noise): hand over what we have and start afresh.
-        pcm = bytes(self._buf)
-        self.reset()
-        return [Mark("stopped", pcm, MAX_UTTERANCE_MS)]
+        pcm, packets = self.take_all()
+        return [Mark("stopped", pcm, MAX_UTTERANCE_MS, packets)]
 
     def _drop_before(self, ms: float) -> None:
         count = int((ms - self._buf_start_ms) * BYTES_PER_MS) & ~1
         if count > 0:
             del self._buf[:count]
             self._buf_start_ms += count / BYTES_PER_MS
+            if self.trail is not None:
+                self.trail.drop_before(int(self._buf_start_ms * BYTES_PER_MS))
 
 
 @dataclass

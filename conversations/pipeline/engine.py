@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any
 
+from conversations.capture import AttemptLog, TurnAudio
 from conversations.pipeline import fallback, phrases
 from conversations.pipeline.aio import TaskSet, cancel_and_wait
 from conversations.pipeline.contracts import EngineContext
@@ -34,7 +35,7 @@ from conversations.pipeline.listen import (
     Utterance,
     VADSettings,
 )
-from conversations.pipeline.reply import ReplyHandle, TurnRunner, normalize_phrase
+from conversations.pipeline.reply import ReplyHandle, Speculation, TurnRunner, normalize_phrase
 from conversations.pipeline.speak import Clock, LoopClock
 from conversations.pipeline.think import Thinker
 from conversations.providers import registry
@@ -51,12 +52,13 @@ _speculations = 0
 Work = Callable[[ReplyHandle], Coroutine[Any, Any, object]]
 
 
-async def _speculative(coro: Coroutine[Any, Any, tuple[str, str]]) -> tuple[str, str] | None:
+async def _speculative(coro: Coroutine[Any, Any, tuple[str, str]], attempts: AttemptLog) -> Speculation | None:
     """A speculative result: a failure only means the turn runs ASR again, so no traceback."""
     global _speculations
     _speculations += 1
     try:
-        return await coro
+        text, kind = await coro
+        return text, kind, attempts
     except Exception:
         return None
     finally:
@@ -87,16 +89,18 @@ class VoiceEngine:
             settings=VADSettings(persona.vad_threshold, persona.vad_threshold_low, float(persona.vad_min_silence_ms)),
             # An injected clock reaches the hearing too; the loop's own is read directly.
             on_event=self._on_hearing, clock=None if isinstance(self._clock, LoopClock) else self._clock.now,
+            keep_packets=config.recording == "on",
         )
         self.on_audio = self._hearing.push  # the uplink's hot path: no hop through the engine
         self._chains = Chains(config)
         thinker = Thinker(
             persona=persona, device=config.device, toolset=ctx.toolset,
             model=persona.llm_model or config.llm_model, tool_state=ctx.tool_state, clock=self._clock.now,
+            first_token_timeout=config.llm_first_token_timeout, inter_token_timeout=config.llm_inter_token_timeout,
         )
         self._runner = TurnRunner(ctx, self._chains, thinker, speak_pool or speech_executor(), self._clock)
         self._reply: ReplyHandle | None = None
-        self._speculation: asyncio.Task[tuple[str, str] | None] | None = None
+        self._speculation: asyncio.Task[Speculation | None] | None = None
         self._greeting_go: asyncio.Event | None = None
         self._listening = False  # between the device's `listen start` and `listen stop`
         self._turns = 0
@@ -128,7 +132,7 @@ class VoiceEngine:
         greeting = phrases.greeting(persona.greeting, (state.language if state else "") or persona.language)
         if greeting and not self._closed:
             go = self._greeting_go = asyncio.Event()
-            self._start_reply("greeting", lambda reply: self._greet(reply, greeting, go))
+            self._start_reply("greeting", lambda reply: self._greet(reply, greeting, go, text), recorded=True)
 
     async def interrupt(self, reason: str | None) -> None:
         """End the running reply (if any) and return once it has ended: its `tts stop` is out."""
@@ -139,10 +143,15 @@ class VoiceEngine:
         self._cancel_speculation()
         self._sync_hearing()
 
-    async def say(self, text: str) -> None:
+    async def say(self, text: str, *, record: bool = False) -> None:
+        """A fixed text; `record`: a turn of its own in the history (an operator's `say`),
+        else the server's own words (activation code, farewell), not recorded."""
         if self._closed or not text.strip():
             return
-        reply = self._start_reply("say", lambda r: self._runner.speak_fixed(r, text))
+        if record:
+            reply = self._start_reply("say", lambda r: self._runner.announce(r, text), recorded=True)
+        else:
+            reply = self._start_reply("say", lambda r: self._runner.speak_fixed(r, text))
         await reply.wait_for_playout()
 
     async def aclose(self) -> None:
@@ -191,8 +200,9 @@ class VoiceEngine:
         if chains is None or manual or not chains.asr.slots or _speculations >= MAX_SPECULATIONS:
             return
         language = self._ctx.config.persona.language
-        coro = _speculative(fallback.transcribe(chains.asr, utterance.pcm, utterance.sample_rate, language))
-        self._speculation = self._tasks.create(coro, name="asr-speculative")
+        attempts = AttemptLog()
+        transcript = fallback.transcribe(chains.asr, utterance.pcm, utterance.sample_rate, language, attempts)
+        self._speculation = self._tasks.create(_speculative(transcript, attempts), name="asr-speculative")
 
     def _cancel_speculation(self) -> None:
         if self._speculation is not None:
@@ -201,13 +211,15 @@ class VoiceEngine:
 
     # -- replies ----------------------------------------------------------------------------
 
-    def _start_reply(self, kind: str, work: Work) -> ReplyHandle:
+    def _start_reply(self, kind: str, work: Work, *, recorded: bool = False) -> ReplyHandle:
+        """`recorded`: besides every "turn", this reply is a turn of the history too."""
         previous = self._reply
         if previous is not None:
             previous.interrupt("superseded")
-        if kind == "turn":
+        recorded = recorded or kind == "turn"
+        if recorded:
             self._turns += 1
-        reply = ReplyHandle(self._turns, kind)
+        reply = ReplyHandle(self._turns, kind, self._turn_audio() if recorded else None)
         self._reply = reply
         task = self._tasks.create(self._run_reply(reply, work, previous), name=f"reply-{kind}")
         reply.attach(task)
@@ -237,14 +249,18 @@ class VoiceEngine:
             self._reply = None
             self._sync_hearing()
 
-    async def _greet(self, reply: ReplyHandle, text: str, go: asyncio.Event) -> None:
+    def _turn_audio(self) -> TurnAudio | None:
+        config = self._ctx.config
+        return None if config.recording == "off" else TurnAudio.for_rates(downlink_rate=config.downlink_sample_rate)
+
+    async def _greet(self, reply: ReplyHandle, text: str, go: asyncio.Event, wake_word: str) -> None:
         try:
             async with asyncio.timeout(GREETING_WAIT_S):
                 await go.wait()
         except TimeoutError:
             pass
         self._greeting_go = None
-        await self._runner.speak_fixed(reply, text)
+        await self._runner.announce(reply, text, user_text=wake_word)
 
     async def _turn(self, reply: ReplyHandle, utterance: Utterance, speculation: asyncio.Task[Any] | None) -> None:
         try:

@@ -8,7 +8,13 @@ Rules (product.md, "reliability"):
 - espeak-ng is always the last TTS fallback: it is offline and takes ~15 ms a sentence.
 - A provider that just failed is tried last for `cooldown` seconds, so a dead cloud TTS
   costs one connect timeout per session and not one per sentence.
-The caller learns which provider served (`kind`) for the turn history.
+- Bounded waits: the first item of a stream within the slot's timeout (the caller may ask
+  for less: `first_wait`, the LLM's first-token bound), every later item within `gap`
+  (the LLM's inter-token bound; ASR/TTS: the slot's timeout). A stream that goes quiet after
+  its first item is `ProviderStalled`; it cannot fall over any more, so the caller ends the
+  turn (the device's apology, the gateway's TIMEOUT).
+The caller learns which provider served (`kind`) for the turn history, and may pass an
+`AttemptLog` (conversations/capture.py) that gets every attempt: kind, outcome, time.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from conversations.capture import AttemptLog, ProviderAttempt
 from conversations.pipeline.config import SessionConfig
 from conversations.providers import registry
 from conversations.providers.base import LLMDelta, PCMChunk, ProviderError
@@ -38,6 +45,11 @@ class ProviderBroke(ProviderError):
     """A provider raised something other than ProviderError after its first item: a bug in
     it. The original exception is the `__cause__`; callers that must tell a bug from an
     outage (the gateway answers INTERNAL_ERROR) look there."""
+
+
+class ProviderStalled(ProviderError):
+    """A stream sent nothing for longer than its gap timeout after its first item. The
+    `__cause__` is the TimeoutError (the gateway reports TIMEOUT)."""
 
 
 class AllProvidersFailed(ProviderError):
@@ -139,83 +151,147 @@ def _timeout(stage: str, kwargs: dict[str, Any], max_first_token_wait: float | N
     return min(value, max_first_token_wait) if stage == "llm" and max_first_token_wait is not None else value
 
 
-async def transcribe(chain: ProviderChain, pcm: bytes, sample_rate: int, language: str | None) -> tuple[str, str]:
+async def transcribe(
+    chain: ProviderChain, pcm: bytes, sample_rate: int, language: str | None, attempts: AttemptLog | None = None,
+) -> tuple[str, str]:
     """(text, provider kind) from the first ASR that answers in time."""
     last: BaseException | None = None
     for slot in chain.order():
+        started = _now()
         try:
             async with asyncio.timeout(slot.timeout):
                 text = await slot.provider.transcribe(pcm, sample_rate, language)
         except Exception as exc:
             chain.failed(slot, exc)
+            _failed(attempts, chain.stage, slot.kind, exc, started)
             last = exc
             continue
         chain.succeeded(slot)
+        _served(attempts, chain.stage, slot.kind, started)
         return (text or "").strip(), slot.kind
     raise AllProvidersFailed(chain.stage, last)
 
 
-async def stream_llm(chain: ProviderChain, messages: list[dict], **params: Any) -> tuple[str, AsyncIterator[LLMDelta]]:
+async def stream_llm(
+    chain: ProviderChain, messages: list[dict], *, attempts: AttemptLog | None = None,
+    first_wait: float | None = None, gap: float | None = None, **params: Any,
+) -> tuple[str, AsyncIterator[LLMDelta]]:
     """(provider kind, delta stream) from the first LLM that produces a first delta in time.
 
-    An LLM that ends without any delta counts as having answered (with nothing).
+    `first_wait` caps each slot's wait for its first delta, `gap` the wait for every later
+    one (None: unbounded, only the provider's own timeout). An LLM that ends without any
+    delta counts as having answered (with nothing).
     """
-    return await _first_of(chain, lambda provider: provider.stream(messages, **params), empty_ok=True)
+    return await _first_of(
+        chain, lambda provider: provider.stream(messages, **params), empty_ok=True,
+        attempts=attempts, first_wait=first_wait, gap=gap,
+    )
 
 
 async def synthesize(
-    chain: ProviderChain, text: str, *, voice: str, language: str
+    chain: ProviderChain, text: str, *, voice: str, language: str, attempts: AttemptLog | None = None,
 ) -> tuple[str, AsyncIterator[PCMChunk]]:
     """(provider kind, PCM stream) from the first TTS that yields audio in time."""
     return await _first_of(
-        chain, lambda provider: provider.synthesize(text, voice=voice, language=language), empty_ok=False
+        chain, lambda provider: provider.synthesize(text, voice=voice, language=language), empty_ok=False,
+        attempts=attempts,
     )
 
 
 async def _first_of(
-    chain: ProviderChain, open_stream: Callable[[Any], AsyncIterator[T]], *, empty_ok: bool
+    chain: ProviderChain, open_stream: Callable[[Any], AsyncIterator[T]], *, empty_ok: bool,
+    attempts: AttemptLog | None = None, first_wait: float | None = None, gap: float | None = None,
 ) -> tuple[str, AsyncIterator[T]]:
     last: BaseException | None = None
     for slot in chain.order():
+        started = _now()
         stream = open_stream(slot.provider)
         try:
-            async with asyncio.timeout(slot.timeout):
+            async with asyncio.timeout(slot.timeout if first_wait is None else min(slot.timeout, first_wait)):
                 first = await anext(stream)
         except StopAsyncIteration:
             if empty_ok:
                 chain.succeeded(slot)
+                _served(attempts, chain.stage, slot.kind, started)
                 return slot.kind, _empty()
             last = ProviderError(f"{slot.kind} produced nothing")
             chain.failed(slot, last)
+            _failed(attempts, chain.stage, slot.kind, last, started)
             continue
         except Exception as exc:
             await _close(stream)
             chain.failed(slot, exc)
+            _failed(attempts, chain.stage, slot.kind, exc, started)
             last = exc
             continue
         chain.succeeded(slot)
-        return slot.kind, _rest(first, stream, slot, chain.stage)
+        served = _served(attempts, chain.stage, slot.kind, started)
+        if gap is None and chain.stage != "llm":
+            gap = slot.timeout
+        outcome = _Outcome(chain, slot, attempts, served, started)
+        return slot.kind, _rest(first, stream, gap, outcome)
     raise AllProvidersFailed(chain.stage, last)
 
 
-async def _rest(first: T, stream: AsyncIterator[T], slot: Slot, stage: str) -> AsyncIterator[T]:
-    """The first item, then the rest; a failure or stall after the first item is a
-    ProviderError for the caller (no fallback any more), and the stream is always closed."""
+@dataclass
+class _Outcome:
+    """Where a stream's late failure is reported: its chain and the turn's attempt log."""
+
+    chain: ProviderChain
+    slot: Slot
+    attempts: AttemptLog | None
+    served: ProviderAttempt | None
+    started: float
+
+    def broke(self, error: BaseException) -> None:
+        if self.attempts is not None:
+            self.attempts.broke(self.chain.stage, self.served, self.slot.kind, error, _ms_since(self.started))
+
+
+async def _rest(first: T, stream: AsyncIterator[T], gap: float | None, outcome: _Outcome) -> AsyncIterator[T]:
+    """The first item, then the rest, each within `gap` seconds (None: no bound); a failure
+    or stall after the first item is a ProviderError for the caller (no fallback any more),
+    and the stream is always closed."""
+    kind = outcome.slot.kind
     try:
         yield first
         while True:
             try:
-                async with asyncio.timeout(slot.timeout if stage != "llm" else None):
+                async with asyncio.timeout(gap):
                     item = await anext(stream)
             except StopAsyncIteration:
                 return
-            except ProviderError:
+            except ProviderError as exc:
+                outcome.broke(exc)
                 raise
+            except TimeoutError as exc:
+                stalled = ProviderStalled(f"{kind} stalled: nothing for {gap:g} s after its first item")
+                outcome.chain.failed(outcome.slot, stalled)  # the next turn tries another first
+                outcome.broke(stalled)
+                raise stalled from exc
             except Exception as exc:
-                raise ProviderBroke(f"{slot.kind} failed mid-stream: {type(exc).__name__}") from exc
+                outcome.broke(exc)
+                raise ProviderBroke(f"{kind} failed mid-stream: {type(exc).__name__}") from exc
             yield item
     finally:
         await _close(stream)
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def _ms_since(started: float) -> float:
+    return (_now() - started) * 1000
+
+
+def _served(attempts: AttemptLog | None, stage: str, kind: str, started: float) -> ProviderAttempt | None:
+    return attempts.served(stage, kind, _ms_since(started)) if attempts is not None else None
+
+
+def _failed(attempts: AttemptLog | None, stage: str, kind: str, error: BaseException, started: float) -> None:
+    if attempts is not None:
+        attempts.failed(stage, kind, error, _ms_since(started))
 
 
 async def _empty() -> AsyncIterator[Any]:

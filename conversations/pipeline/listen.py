@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from conversations.pipeline.aio import cancel_and_wait
 from conversations.pipeline.cpu_pool import CpuMill
@@ -54,6 +54,7 @@ class Utterance:
     ended_at: float  # loop time of the decision (VAD end, or `listen stop`)
     speech_ms: float = 0.0
     sample_rate: int = SAMPLE_RATE
+    packets: list[bytes] = field(default_factory=list)  # the Opus packets behind `pcm` (recording only)
 
 
 @dataclass(frozen=True)
@@ -117,11 +118,12 @@ class Hearing:
         on_event: Callable[[HearingEvent], None],
         queue_packets: int = QUEUE_PACKETS,
         clock: Callable[[], float] | None = None,
+        keep_packets: bool = False,
     ) -> None:
         self._mill = mill
         self._batch = HearingBatch(vad)
         self._on_event = on_event
-        self._ear = Ear(settings, vad)
+        self._ear = Ear(settings, vad, keep_packets=keep_packets)  # keep_packets: utterance audio recorded
         self._queue: deque[tuple[bytes, float] | object] = deque()  # (packet, arrival) or _FLUSH
         self._queue_packets = queue_packets
         self._wake = asyncio.Event()
@@ -221,8 +223,8 @@ class Hearing:
             self.invalid += invalid
             self._dispatch(marks, generation)
         if flush and generation == self._generation:
-            pcm = await self._mill.run(self._ear.take_all)
-            self._on_event(SpeechStopped(Utterance(pcm, self._now(), len(pcm) / BYTES_PER_MS)))
+            pcm, packets = await self._mill.run(self._ear.take_all)
+            self._on_event(SpeechStopped(Utterance(pcm, self._now(), len(pcm) / BYTES_PER_MS, packets=packets)))
 
     def _take_batch(self) -> tuple[list[bytes], list[float], bool]:
         batch: list[bytes] = []
@@ -248,4 +250,4 @@ class Hearing:
             elif mark.kind == "resumed":
                 self._on_event(SpeechResumed(now))
             else:
-                self._on_event(SpeechStopped(Utterance(mark.pcm, now, mark.speech_ms)))
+                self._on_event(SpeechStopped(Utterance(mark.pcm, now, mark.speech_ms, packets=mark.packets)))

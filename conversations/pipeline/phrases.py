@@ -2,7 +2,8 @@
 
 The LLM answers in whatever language it is asked to; these are the few sentences the server
 speaks on its own: the activation code of an unbound device, the apology when every provider
-failed, the greeting after the wake word, and the goodbye (idle timeout, exit phrase,
+failed (or the model stalled), the filler while the user waits for a slow model or tool, the
+greeting after the wake word, and the goodbye (idle timeout, exit phrase,
 `end_conversation`). Pure Python, no Django: the pipeline passes the persona's (or the
 session's current reply) language in. Add a language by adding a column to `PHRASES`;
 anything else falls back to English. docs/i18n.md explains how languages are picked.
@@ -52,6 +53,18 @@ PHRASES: dict[str, dict[str, str]] = {
         "es": "Lo siento, algo salió mal. ¿Puedes repetirlo?",
         "it": "Scusa, qualcosa è andato storto. Puoi ripetere?",
     },
+    "filler": {
+        "en": "One moment, please.",
+        "zh": "请稍等。",
+        "ja": "少々お待ちください。",
+        "ko": "잠시만 기다려 주세요.",
+        "de": "Einen Moment, bitte.",
+        "fr": "Un instant, s'il te plaît.",
+        "ru": "Одну секунду, пожалуйста.",
+        "pt": "Um momento, por favor.",
+        "es": "Un momento, por favor.",
+        "it": "Un momento, per favore.",
+    },
     "greeting": {
         "en": "Hi, I'm listening.",
         "zh": "你好，我在听。",
@@ -94,6 +107,11 @@ def activation_prompt(code: str | None, language: str | None) -> str:
 
 def apology(language: str | None) -> str:
     return phrase("apology", language)
+
+
+def filler(language: str | None) -> str:
+    """Said once in a turn whose first words or tool call keep the user waiting."""
+    return phrase("filler", language)
 
 
 def _localized(configured: str, key: str, language: str | None) -> str:

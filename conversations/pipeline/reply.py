@@ -18,7 +18,9 @@ import re
 from concurrent.futures import Executor
 from typing import Any
 
+from conversations.capture import AttemptLog, TurnAudio
 from conversations.pipeline import fallback, phrases
+from conversations.pipeline.answer import Answer, Filler
 from conversations.pipeline.contracts import EngineContext
 from conversations.pipeline.fallback import AllProvidersFailed, Chains, ProviderChain, StageChains
 from conversations.pipeline.listen import Utterance
@@ -31,13 +33,15 @@ from conversations.pipeline.speak import (
     SpeechStream,
 )
 from conversations.pipeline.text import SentenceSplitter, is_speakable, split_emotion
-from conversations.pipeline.think import EMOTION_EMOJI, EmotionGate, Thinker
+from conversations.pipeline.think import Thinker
 from conversations.providers.base import ProviderError
 from conversations.turns.record import TurnRecord
 from conversations.turns.tool_loop import Thought
-from devices.protocol.messages import Llm, Message, Stt
+from devices.protocol.messages import Message, Stt
 
 log = logging.getLogger(__name__)
+
+Speculation = tuple[str, str, AttemptLog]  # a speculative ASR's text, provider kind and attempts
 
 
 class ReplyHandle:
@@ -50,11 +54,15 @@ class ReplyHandle:
       reply that completed, or after cancellation for an interrupted one.
     - `allow_interruptions`: off while something must not be cut (kept for callers such as
       a device-side MCP call; barge-in checks it, an explicit device `abort` does not).
+    - `audio`: the recorded turn's audio (None: not recorded); every packet the guard lets
+      through is appended to its downlink, so it holds what the device got, up to an
+      interruption.
     """
 
-    def __init__(self, index: int, kind: str = "turn") -> None:
+    def __init__(self, index: int, kind: str = "turn", audio: TurnAudio | None = None) -> None:
         self.index = index
         self.kind = kind  # "turn" | "say" | "greeting"
+        self.audio = audio
         self.allow_interruptions = True
         self.interrupt_reason = ""
         self.close_after = ""  # set by the reply: close the session (this reason) once it ended
@@ -98,9 +106,13 @@ class ReplyHandle:
         return guarded
 
     def guard_audio(self, send_audio: SendAudio) -> SendAudio:
+        keep = self.audio.downlink.packets.append if self.audio is not None else None
+
         async def guarded(packet: bytes) -> None:
             if not self._interrupted:
                 await send_audio(packet)
+                if keep is not None:
+                    keep(packet)  # recording: the one extra step per frame
 
         return guarded
 
@@ -141,19 +153,21 @@ class TurnRunner:
         self,
         reply: ReplyHandle,
         utterance: Utterance,
-        speculation: asyncio.Task[tuple[str, str] | None] | None,
+        speculation: asyncio.Task[Speculation | None] | None,
     ) -> Outcome:
         record = TurnRecord(index=reply.index, timings={"speech_end": 0.0}, session_id=self._ctx.config.session_id)
         thought = Thought()
         origin = utterance.ended_at
+        if reply.audio is not None:
+            reply.audio.uplink.packets = utterance.packets  # as heard, pre-roll included ("on" only)
         chains = await self._chains.get()
         try:
             try:
-                text = await self._recognize(chains, utterance, speculation, record, origin)
+                text = await self._recognize(chains, utterance, speculation, record, origin, thought.attempts)
             except AllProvidersFailed:
                 record.error = "asr: all providers failed"
                 record.reply_text = self.apology
-                await self.speak_fixed(reply, self.apology, chains.apology)
+                await self.speak_fixed(reply, self.apology, chains.apology, attempts=thought.attempts)
                 return "apology"
             if not text:
                 return "empty"  # nothing said: the reply's end takes the session back
@@ -161,7 +175,7 @@ class TurnRunner:
             await reply.guard_send(self._ctx.send)(Stt(text))
             if self.is_exit_phrase(text):
                 record.reply_text = phrases.goodbye(self._persona.farewell, self._language())
-                await self.speak_fixed(reply, record.reply_text)
+                await self.speak_fixed(reply, record.reply_text, attempts=thought.attempts)
                 return "exit_phrase"
             await self._respond(reply, chains, text, thought, record, origin)
             return "spoken"
@@ -179,16 +193,19 @@ class TurnRunner:
         self,
         chains: StageChains,
         utterance: Utterance,
-        speculation: asyncio.Task[tuple[str, str] | None] | None,
+        speculation: asyncio.Task[Speculation | None] | None,
         record: TurnRecord,
         origin: float,
+        attempts: AttemptLog,
     ) -> str:
         result = await _speculative_result(speculation)
         if result is None:
-            result = await fallback.transcribe(
-                chains.asr, utterance.pcm, utterance.sample_rate, self._persona.language
+            text, kind = await fallback.transcribe(
+                chains.asr, utterance.pcm, utterance.sample_rate, self._persona.language, attempts
             )
-        text, kind = result
+        else:
+            text, kind, tried = result
+            attempts.extend(tried)
         record.providers["asr"] = kind
         record.timings["asr_done"] = _ms(self._clock.now(), origin) or 0.0
         return text if is_speakable(text) else ""
@@ -196,24 +213,24 @@ class TurnRunner:
     async def _respond(
         self, reply: ReplyHandle, chains: StageChains, text: str, thought: Thought, record: TurnRecord, origin: float
     ) -> None:
-        send = reply.guard_send(self._ctx.send)
-        speech = self._stream(reply, chains.tts, await self._start_speaking(reply))
-        gate, splitter = EmotionGate(), SentenceSplitter()
-
-        async def on_text(delta: str) -> None:
-            await self._feed(delta, gate, splitter, speech, send, record)
-
+        speech = self._stream(reply, chains.tts, await self._start_speaking(reply), thought.attempts)
+        answer = Answer(speech, reply.guard_send(self._ctx.send), record)
+        filler = Filler(self._ctx.config.filler_after, lambda: self._say_filler(speech, record, origin))
         try:
             try:
-                await self._thinker.think(chains.llm, text, thought, on_text)
+                await self._thinker.think(chains.llm, text, thought, answer.feed, watcher=filler)
             except ProviderError as exc:
                 record.error = f"llm: {exc}"[:200]
                 log.warning("llm failed during a turn", extra={"error": type(exc).__name__})
-            await self._feed_end(gate, splitter, speech, send, record)
-            if record.error and not speech.pushed:
-                record.reply_text = self.apology
+            finally:
+                filler.answered()
+            await answer.end(complete=not record.error)
+            if record.error:
+                # No answer, or one that broke off (a stall): the apology follows the whole
+                # sentences said; an unfinished one is dropped.
+                record.reply_text = " ".join([*answer.spoken, self.apology])
                 speech.push(self.apology, chains.apology)
-            elif self._ctx.tool_state is not None and self._ctx.tool_state.end_requested and not speech.pushed:
+            elif self._ctx.tool_state is not None and self._ctx.tool_state.end_requested and not answer.spoken:
                 record.reply_text = phrases.goodbye(self._persona.farewell, self._language())  # model said nothing
                 speech.push(record.reply_text)
             speech.end_input()
@@ -222,32 +239,14 @@ class TurnRunner:
             await speech.aclose()
             self._speech_timings(record, speech.stats, origin)
 
-    async def _feed(
-        self, delta: str, gate: EmotionGate, splitter: SentenceSplitter, speech: SpeechStream,
-        send: SendMessage, record: TurnRecord,
-    ) -> None:
-        emotion, rest = gate.push(delta)
-        await self._emit_emotion(emotion, send, record)
-        for sentence in splitter.push(rest):
-            speech.push(sentence)
-
-    async def _feed_end(
-        self, gate: EmotionGate, splitter: SentenceSplitter, speech: SpeechStream,
-        send: SendMessage, record: TurnRecord,
-    ) -> None:
-        emotion, rest = gate.flush()
-        await self._emit_emotion(emotion, send, record)
-        for sentence in splitter.push(rest) + splitter.flush():
-            speech.push(sentence)
-
-    @staticmethod
-    async def _emit_emotion(emotion: str | None, send: SendMessage, record: TurnRecord) -> None:
-        if emotion is not None:
-            record.emotion = emotion
-            await send(Llm(emotion=emotion, text=EMOTION_EMOJI.get(emotion, "")))
+    def _say_filler(self, speech: SpeechStream, record: TurnRecord, origin: float) -> None:
+        speech.push(phrases.filler(self._language()))
+        record.timings["filler"] = _ms(self._clock.now(), origin) or 0.0
 
     def _finish(self, reply: ReplyHandle, record: TurnRecord, thought: Thought, origin: float) -> None:
         record.interrupted = reply.interrupted
+        record.provider_attempts = thought.attempts.as_json()
+        record.audio = _recorded(reply.audio)
         if thought.reply_text and not record.reply_text:
             record.reply_text = split_emotion(thought.reply_text)[1].strip()
         record.tool_calls = thought.tool_call_dicts()
@@ -275,10 +274,29 @@ class TurnRunner:
 
     # -- fixed texts -------------------------------------------------------------------------
 
-    async def speak_fixed(self, reply: ReplyHandle, text: str, chain: ProviderChain | None = None) -> SpeechStats:
+    async def announce(self, reply: ReplyHandle, text: str, user_text: str = "") -> None:
+        """A fixed text that is a turn of its own (an operator's `say`, the wake-word
+        greeting after `user_text`): spoken, then recorded with its audio."""
+        record = TurnRecord(index=reply.index, user_text=user_text, reply_text=text,
+                            session_id=self._ctx.config.session_id)
+        attempts = AttemptLog()
+        try:
+            await self.speak_fixed(reply, text, attempts=attempts)
+        finally:
+            record.interrupted = reply.interrupted
+            record.provider_attempts = attempts.as_json()
+            served = [a["kind"] for a in record.provider_attempts.get("tts", []) if a["ok"]]
+            if served:
+                record.providers["tts"] = ",".join(dict.fromkeys(served))
+            record.audio = _recorded(reply.audio)
+            self._ctx.hooks.turn_finished(record)
+
+    async def speak_fixed(
+        self, reply: ReplyHandle, text: str, chain: ProviderChain | None = None, *, attempts: AttemptLog | None = None,
+    ) -> SpeechStats:
         """(`tts start`), the text's sentences, returning after playout (greeting, say, farewell)."""
         chains = await self._chains.get()
-        speech = self._stream(reply, chains.tts, await self._start_speaking(reply))
+        speech = self._stream(reply, chains.tts, await self._start_speaking(reply), attempts)
         try:
             splitter = SentenceSplitter()
             for sentence in splitter.push(text) + splitter.flush():
@@ -298,7 +316,9 @@ class TurnRunner:
             await self._ctx.replies.reply_speaking()
         return self._clock.now() + TTS_START_GAP_S
 
-    def _stream(self, reply: ReplyHandle, chain: ProviderChain, not_before: float) -> SpeechStream:
+    def _stream(
+        self, reply: ReplyHandle, chain: ProviderChain, not_before: float, attempts: AttemptLog | None = None,
+    ) -> SpeechStream:
         return SpeechStream(
             tts=chain,
             executor=self._executor,
@@ -309,6 +329,7 @@ class TurnRunner:
             language=self._language(),
             not_before=not_before,
             clock=self._clock,
+            attempts=attempts,
         )
 
     def _language(self) -> str:
@@ -316,7 +337,11 @@ class TurnRunner:
         return (state.language if state is not None and state.language else "") or self._persona.language
 
 
-async def _speculative_result(task: asyncio.Task[tuple[str, str] | None] | None) -> tuple[str, str] | None:
+def _recorded(audio: TurnAudio | None) -> TurnAudio | None:
+    return audio if audio is not None and (audio.uplink or audio.downlink) else None
+
+
+async def _speculative_result(task: asyncio.Task[Speculation | None] | None) -> Speculation | None:
     """The speculative ASR's answer, or None (not started, cancelled or failed)."""
     if task is None:
         return None

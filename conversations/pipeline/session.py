@@ -478,7 +478,7 @@ class VoiceSession:
         text = say_text(event)
         if self._state in (S.THINKING, S.SPEAKING):
             await self._interrupt("command")  # a command's text replaces the running reply
-        await self._require_engine().say(text)
+        await self._require_engine().say(text, record=True)  # the operator's words: a turn of the history
 
     async def _command_mcp_call(self, event: dict[str, Any]) -> dict[str, Any]:
         name, arguments, timeout = call_request(event)

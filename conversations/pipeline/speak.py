@@ -21,6 +21,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from conversations.capture import AttemptLog
 from conversations.pipeline import fallback
 from conversations.pipeline.aio import cancel_and_wait
 from conversations.pipeline.fallback import ProviderChain
@@ -152,7 +153,7 @@ class SpeechStream:
     """One reply's speech. `push()` sentences, `end_input()`, then `wait_for_playout()`.
 
     `send`/`send_audio` should be the reply's guarded senders; `not_before` is the earliest
-    loop time for the first frame (`tts start` + a few ms).
+    loop time for the first frame (`tts start` + a few ms); `attempts` gets every TTS call.
     """
 
     def __init__(
@@ -168,8 +169,10 @@ class SpeechStream:
         not_before: float = 0.0,
         clock: Clock | None = None,
         on_sentence: Callable[[], None] | None = None,
+        attempts: AttemptLog | None = None,
     ) -> None:
         self._tts, self._executor = tts, executor
+        self._attempts = attempts
         self._send, self._send_audio = send, send_audio
         self._voice, self._language = voice, language
         self._clock = clock or LoopClock()
@@ -221,7 +224,9 @@ class SpeechStream:
 
     async def _speak_sentence(self, text: str, chain: ProviderChain) -> None:
         try:
-            kind, chunks = await fallback.synthesize(chain, text, voice=self._voice, language=self._language)
+            kind, chunks = await fallback.synthesize(
+                chain, text, voice=self._voice, language=self._language, attempts=self._attempts
+            )
         except ProviderError:
             self.stats.failed_sentences += 1
             log.error("no tts provider could speak a sentence", extra={"sentence": text})

@@ -19,7 +19,7 @@ from conversations.pipeline.config import DeviceInfo, PersonaConfig
 from conversations.pipeline.fallback import ProviderChain
 from conversations.pipeline.prompt import render_system_prompt
 from conversations.pipeline.text import EMOJI_EMOTIONS, is_speakable, split_emotion
-from conversations.turns.tool_loop import MAX_TOOL_ROUNDS, LLMOptions, OnText, Thought, ToolLoop
+from conversations.turns.tool_loop import MAX_TOOL_ROUNDS, LLMOptions, OnText, Thought, ToolLoop, WaitWatcher
 from tools.builtin import SessionToolState
 from tools.registry import Toolset
 
@@ -80,7 +80,11 @@ class Thinker:
         model: str,
         tool_state: SessionToolState | None = None,
         clock: Callable[[], float] = time.monotonic,
+        first_token_timeout: float | None = None,
+        inter_token_timeout: float | None = None,
     ) -> None:
+        self._first_token_timeout = first_token_timeout
+        self._inter_token_timeout = inter_token_timeout
         self._persona = persona
         self._device = device
         self._toolset = toolset
@@ -105,14 +109,18 @@ class Thinker:
             self._history.append((user_text, reply_text))
 
     async def think(
-        self, chain: ProviderChain, user_text: str, thought: Thought, on_text: OnText | None = None
+        self, chain: ProviderChain, user_text: str, thought: Thought, on_text: OnText | None = None,
+        watcher: WaitWatcher | None = None,
     ) -> None:
         """Reply text to `on_text` as it streams. Raises ProviderError when no LLM answers (or
-        one breaks)."""
+        one breaks or stalls); `watcher` hears of the user's waits (the filler)."""
         loop = ToolLoop(
             toolset=self._toolset,
             options=LLMOptions(self._model, self._persona.temperature, self._persona.max_tokens),
             max_rounds=MAX_TOOL_DEPTH,
             clock=self._clock,
+            first_token_timeout=self._first_token_timeout,
+            inter_token_timeout=self._inter_token_timeout,
+            watcher=watcher,
         )
         await loop.run(chain, self.messages(user_text), thought, on_text)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any
@@ -689,3 +690,44 @@ async def test_a_failing_history_write_is_logged_not_raised(caplog: pytest.LogCa
     assert writer.dropped == 1
     [failed] = [r for r in caplog.records if r.getMessage() == "history write failed, turns dropped"]
     assert failed.levelname == "ERROR" and failed.turns == 1  # type: ignore[attr-defined]
+
+
+# -- bounded waits (issue 11 item 10) and provider attempts (issue 13) ------------------------------
+
+
+async def test_a_model_that_stalls_after_its_first_token_is_a_timeout_after_the_gap(
+    gateway: Gateway, fake: FakeOpenAI
+) -> None:
+    session, client, hooks = await gateway.open(llm_timeout=60.0, llm_inter_token_timeout=0.5)
+    fake.script(Reply(text="Let me think about that for a long while.", stall_after=3))
+    started = time.monotonic()
+    await send(session, type="text_input", text="hi")
+    got = await client.until_idle()  # fails after 5 s per message: far below the 60 s LLM_TIMEOUT
+    assert types(got) == ["status:processing", "error", "status:idle"] and errors(got) == ["TIMEOUT"]
+    assert "stalled" in got[1]["details"] and time.monotonic() - started < 5
+    await session.aclose()
+    turn = hooks.turns[0]
+    assert turn.error.startswith("TIMEOUT")
+    assert [(a["kind"], a["ok"], a.get("error")) for a in turn.provider_attempts["llm"]] == [
+        ("openai", False, "ProviderStalled")]
+
+
+async def test_a_gateway_turn_records_the_llm_that_served(gateway: Gateway, fake: FakeOpenAI) -> None:
+    session, client, hooks = await gateway.open(llm_inter_token_timeout=0.5)
+    fake.script(Reply(text="Hello there, how can I help?", chunk_delay=0.1))  # slow, steady: never cut
+    await send(session, type="text_input", text="hi")
+    got = await client.until_idle()
+    assert got[-2]["type"] == "llm_response" and got[-2]["content"] == "Hello there, how can I help?"
+    await session.aclose()
+    assert [(a["kind"], a["ok"]) for a in hooks.turns[0].provider_attempts["llm"]] == [("openai", True)]
+
+
+async def test_a_model_that_never_answers_is_recorded_as_timed_out(gateway: Gateway, fake: FakeOpenAI) -> None:
+    session, client, hooks = await gateway.open(llm_timeout=0.3)
+    fake.script(Reply(hang=True))
+    await send(session, type="text_input", text="hi")
+    assert errors(await client.until_idle()) == ["TIMEOUT"]
+    await session.aclose()
+    (attempt,) = hooks.turns[0].provider_attempts["llm"]
+    assert (attempt["kind"], attempt["ok"], attempt["error"]) == ("openai", False, "TimeoutError")
+    assert attempt["ms"] >= 300

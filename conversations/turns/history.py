@@ -12,6 +12,10 @@ dropped, so a database that is down for good costs memory up to `limit` turns, n
 Turns that the database refuses for what they contain are the save function's business: it
 stores the rest of the batch row by row (conversations/services.py).
 
+Turn audio rides along with its turn (a device turn's Opus packets, ~100 KB a minute) and
+goes to the audio writer once the row is stored (conversations/services.py). Only
+`audio_limit` buffered turns keep theirs: a database that is down must not pile up audio.
+
 A conversation row is created with its first turn, so connections that never talk leave no
 row. Ending a conversation goes through the writer too, queued behind its last turns.
 
@@ -54,12 +58,15 @@ Save = Callable[[list[PendingTurn], list[ConversationKey]], Awaitable[None]]
 
 class HistoryWriter:
     def __init__(
-        self, save: Save, *, linger: float = 0.2, limit: int = 10_000,
+        self, save: Save, *, linger: float = 0.2, limit: int = 10_000, audio_limit: int = 500,
         retry_delays: tuple[float, ...] = RETRY_DELAYS,
     ) -> None:
         self._save = save
         self.linger = linger
         self.limit = limit  # buffered turns; beyond it (database down) new ones are dropped
+        self.audio_limit = audio_limit  # buffered turns that keep their audio; beyond it, text only
+        self._with_audio = 0
+        self.audio_dropped = 0
         self.retry_delays = retry_delays
         self._turns: list[PendingTurn] = []
         self._ended: list[ConversationKey] = []
@@ -78,6 +85,14 @@ class HistoryWriter:
             self.dropped += 1
             log.error("history buffer full, turn dropped", extra={"dropped": self.dropped})
             return
+        if turn.audio is not None:
+            if self._with_audio >= self.audio_limit:
+                turn.audio = None
+                self.audio_dropped += 1
+                log.warning("history buffer holds too much audio, turn audio dropped",
+                            extra={"audio_dropped": self.audio_dropped})
+            else:
+                self._with_audio += 1
         self._turns.append(PendingTurn(conversation, turn))
         self._wake()
 
@@ -92,6 +107,7 @@ class HistoryWriter:
         async with self._get_lock():
             turns, self._turns = self._turns, []
             ended, self._ended = self._ended, []
+            self._with_audio = 0
             if turns or ended:
                 await self._save_with_retries(turns, ended)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from conversations.capture import TurnAudio
+
 
 @dataclass
 class TurnRecord:
@@ -15,6 +17,10 @@ class TurnRecord:
     last_frame_sent), for a gateway turn the LLM time and the total (llm_ms, total_ms).
     `session_id` names the conversation when a connection can switch between several (the
     gateway); a device connection has one, known to its hooks.
+
+    `provider_attempts` is `AttemptLog.as_json()` (conversations/capture.py): every provider
+    tried per stage. `audio` holds the turn's Opus packets (device turns, when recorded);
+    the history writer hands them to the audio writer once the row is stored.
     """
 
     index: int
@@ -27,3 +33,5 @@ class TurnRecord:
     interrupted: bool = False
     error: str = ""
     session_id: str = ""
+    provider_attempts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    audio: TurnAudio | None = field(default=None, repr=False)

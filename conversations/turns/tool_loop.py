@@ -9,7 +9,11 @@ them offers none, so a model stuck calling tools has to answer.
 The text of every round is handed to `on_text` as it streams (the device speaks it at once;
 the gateway collects it). Callers differ only in how a round's tool calls run (`run_calls`:
 one after another for the device, server-then-client tools with notices for the gateway) and
-in an optional per-round deadline (the gateway's LLM_TIMEOUT). Cancelling the caller cancels
+in an optional per-round deadline (the gateway's LLM_TIMEOUT). Both bound the LLM's waits the
+same way: its first delta within `first_token_timeout` (else the next provider), every later
+one within `inter_token_timeout` (else the turn fails: ProviderStalled). A `WaitWatcher` hears
+when the user starts waiting (a round or a tool call begins) and when the model's words
+arrive, so the device can say a filler when the wait gets long. Cancelling the caller cancels
 the LLM request and any running tool.
 """
 from __future__ import annotations
@@ -21,8 +25,9 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from conversations.capture import AttemptLog
 from conversations.pipeline import fallback
 from conversations.pipeline.fallback import ProviderChain
 from conversations.providers.base import ToolCall
@@ -46,6 +51,7 @@ class Thought:
     providers: list[str] = field(default_factory=list)  # LLM kinds that served, in order
     first_token_at: float | None = None  # on the loop's clock
     llm_seconds: float = 0.0  # spent in LLM rounds (perf counter)
+    attempts: AttemptLog = field(default_factory=AttemptLog)  # every LLM call, failures included
 
     @property
     def reply_text(self) -> str:
@@ -76,6 +82,14 @@ def assistant_tool_message(text: str, calls: list[ToolCall]) -> dict[str, Any]:
     }
 
 
+class WaitWatcher(Protocol):
+    """Told when the user starts waiting on the loop and when the model's words arrive."""
+
+    def waiting(self) -> None: ...  # a round was requested, or tool calls run
+
+    def answered(self) -> None: ...  # the round's first text arrived
+
+
 @dataclass(frozen=True)
 class LLMOptions:
     model: str
@@ -96,6 +110,9 @@ class ToolLoop:
         round_timeout: float | None = None,
         run_calls: CallRunner | None = None,
         clock: Callable[[], float] = time.monotonic,
+        first_token_timeout: float | None = None,
+        inter_token_timeout: float | None = None,
+        watcher: WaitWatcher | None = None,
     ) -> None:
         self._toolset = toolset
         self._options = options
@@ -103,6 +120,9 @@ class ToolLoop:
         self._round_timeout = round_timeout
         self._run_calls = run_calls or self._one_after_another
         self._clock = clock
+        self._first_wait = first_token_timeout
+        self._gap = inter_token_timeout
+        self._watcher = watcher
 
     async def run(
         self, chain: ProviderChain, messages: list[dict[str, Any]], thought: Thought, on_text: OnText | None = None
@@ -118,6 +138,8 @@ class ToolLoop:
                 log.warning("tool-call depth limit reached", extra={"rounds": self._max_rounds})
                 return
             messages.append(assistant_tool_message(thought.rounds[-1], calls))
+            if self._watcher is not None:
+                self._watcher.waiting()
             records = await self._run_calls(calls)
             thought.tool_calls.extend(records)
             messages.extend(tool_message(call, record) for call, record in zip(calls, records, strict=True))
@@ -133,10 +155,15 @@ class ToolLoop:
         thought.rounds.append("")
         calls: list[ToolCall] = []
         started = time.perf_counter()
+        watcher = self._watcher
+        if watcher is not None:
+            watcher.waiting()
+        kind: str | None = None
         try:
             async with asyncio.timeout(self._round_timeout):
                 kind, deltas = await fallback.stream_llm(
-                    chain, messages, tools=tools, model=self._options.model,
+                    chain, messages, attempts=thought.attempts, first_wait=self._first_wait, gap=self._gap,
+                    tools=tools, model=self._options.model,
                     temperature=self._options.temperature, max_tokens=self._options.max_tokens,
                 )
                 if kind not in thought.providers:
@@ -148,9 +175,18 @@ class ToolLoop:
                         if delta.tool_calls:
                             calls.extend(delta.tool_calls)
                         if delta.text:
+                            if watcher is not None and not thought.rounds[-1]:
+                                watcher.answered()
                             thought.rounds[-1] += delta.text
                             if on_text is not None:
                                 await on_text(delta.text)
+        except TimeoutError:
+            if kind is None and chain.slots:
+                # The round's deadline cut a model that never answered: the chain could not
+                # log that attempt, the turn's record should (the stuck one is tried first).
+                elapsed_ms = (time.perf_counter() - started) * 1000
+                thought.attempts.failed("llm", chain.order()[0].kind, "TimeoutError", elapsed_ms)
+            raise
         finally:
             thought.llm_seconds += time.perf_counter() - started
         return calls
