@@ -52,6 +52,8 @@ def persona_config(persona: Persona) -> PersonaConfig:
         temperature=persona.temperature, max_tokens=persona.max_tokens,
         context_turns=persona.context_turns, vad_threshold=persona.vad_threshold,
         vad_threshold_low=persona.vad_threshold_low, vad_min_silence_ms=persona.vad_min_silence_ms,
+        turn_detection=persona.turn_detection, turn_pause_ms=persona.turn_pause_ms,
+        turn_max_silence_ms=persona.turn_max_silence_ms,
         greeting=persona.greeting, exit_phrases=_strings(persona.exit_phrases),
         farewell=persona.farewell,
         # Empty or null means "all built-in tools" (the admin's help text says so).
@@ -77,6 +79,8 @@ def provider_settings() -> dict[str, dict[str, Any]]:
                                "threads": settings.ASR_WHISPER_THREADS,
                                "max_concurrency": settings.ASR_MAX_CONCURRENCY,
                                "timeout": settings.ASR_TIMEOUT},
+        "turn.smart_turn": {"threads": settings.XIAOZHI_TURN_MODEL_THREADS,
+                            "concurrency": settings.XIAOZHI_TURN_MODEL_CONCURRENCY},
         "tts.edge": {"connect_timeout": settings.TTS_EDGE_CONNECT_TIMEOUT, "timeout": settings.TTS_TIMEOUT},
         "tts.espeak": {"binary": settings.ESPEAK_BINARY, "timeout": settings.TTS_TIMEOUT},
     }
