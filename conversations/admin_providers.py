@@ -1,0 +1,237 @@
+"""Admin for provider configurations and the ordered chains a persona runs over them.
+
+API keys are write-only: the form has a password box that is never filled back in, a
+"clear" tick box, and shows only whether a key is set (or which environment variable it is
+read from). The stored key never reaches a page, the admin history (which records changed
+field names only) or a log line. A configuration a persona uses cannot be deleted (PROTECT);
+Django's delete page then lists the chains that hold it.
+
+A persona's chains are three inlines over PersonaProvider, one per stage, each ordered by
+`position`; chain_order.js adds up/down buttons that move rows and renumber positions.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.core.exceptions import ValidationError
+from django.db.models import Count, QuerySet
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpRequest
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+
+from conversations.models import DEFAULT_CHAINS, Persona, PersonaProvider, ProviderConfig
+from conversations.provider_configs import default_config_name
+from conversations.providers import registry
+from conversations.providers.options import option_names
+
+STAGE_LABELS = {"asr": "ASR", "llm": "LLM", "tts": "TTS", "vision": _("Vision")}
+
+
+def kind_choices() -> list[tuple[str, list[tuple[str, str]]]]:
+    """Every kind the registry knows, grouped by stage (the model checks the pair)."""
+    stages = [stage for stage, _label in ProviderConfig.STAGES]
+    return [(str(STAGE_LABELS[stage]), [(kind, kind) for kind in registry.REGISTRY.get(stage, {})]) for stage in stages]
+
+
+def key_status(config: ProviderConfig) -> str:
+    if not config.api_key:
+        return gettext("not set")
+    if name := config.key_env_name:
+        return gettext("from the environment variable %(name)s") % {"name": name}
+    return gettext("set")
+
+
+class OptionsField(forms.JSONField):
+    """The options object as indented JSON; `null` or nothing is an empty object."""
+
+    widget = forms.Textarea(attrs={"rows": 4, "cols": 60, "spellcheck": "false"})
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, forms.fields.InvalidJSONInput):
+            return value
+        return json.dumps(value or {}, indent=2, ensure_ascii=False)
+
+    def to_python(self, value: Any) -> Any:
+        return super().to_python(value) or {}
+
+
+class ProviderConfigAdminForm(forms.ModelForm):
+    kind = forms.ChoiceField(label=_("kind"), help_text=_("The provider implementation; it must suit the stage."))
+    new_api_key = forms.CharField(
+        label=_("API key"), required=False, strip=True, max_length=500,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text=_("Write-only: leave empty to keep the current key. Or env:NAME (e.g. env:DEEPSEEK_API_KEY) "
+                    "to read it from the environment when a session starts; NAME must end in _API_KEY or _TOKEN."),
+    )
+    clear_api_key = forms.BooleanField(label=_("Clear the API key"), required=False)
+    options = OptionsField(label=_("options"), required=False)
+
+    class Meta:
+        model = ProviderConfig
+        fields = ("name", "stage", "kind", "base_url", "model", "voice", "timeout", "options")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["kind"].choices = kind_choices()
+        self.fields["kind"].initial = self.instance.kind or None
+
+    def clean_new_api_key(self) -> str:
+        key = self.cleaned_data.get("new_api_key", "")
+        if key:
+            ProviderConfig._meta.get_field("api_key").run_validators(key)
+        return key
+
+    def _post_clean(self) -> None:
+        if self.cleaned_data.get("clear_api_key"):
+            self.instance.api_key = ""
+        elif self.cleaned_data.get("new_api_key"):
+            self.instance.api_key = self.cleaned_data["new_api_key"]
+        super()._post_clean()
+
+
+@admin.register(ProviderConfig)
+class ProviderConfigAdmin(admin.ModelAdmin):
+    form = ProviderConfigAdminForm
+    list_display = ("name", "stage", "kind", "endpoint", "model", "api_key_status", "used_by")
+    list_filter = ("stage", "kind")
+    search_fields = ("name", "kind", "base_url", "model")
+    readonly_fields = ("api_key_status", "option_help", "created_at", "updated_at")
+    fieldsets = (
+        (None, {"fields": ("name", "stage", "kind")}),
+        (_("Endpoint"), {"fields": ("base_url", "api_key_status", "new_api_key", "clear_api_key", "model", "voice",
+                                    "timeout")}),
+        (_("Options"), {"fields": ("options", "option_help")}),
+        (_("Record"), {"classes": ("collapse",), "fields": ("created_at", "updated_at")}),
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ProviderConfig]:
+        return super().get_queryset(request).annotate(persona_count=Count("persona_links__persona", distinct=True))
+
+    @admin.display(description=_("API key"))
+    def api_key_status(self, config: ProviderConfig) -> str:
+        return key_status(config)
+
+    @admin.display(description=_("base URL"))
+    def endpoint(self, config: ProviderConfig) -> str:
+        return config.base_url or gettext("(environment)")
+
+    @admin.display(description=_("used by personas"), ordering="persona_count")
+    def used_by(self, config: ProviderConfig) -> int:
+        return getattr(config, "persona_count", 0)
+
+    @admin.display(description=_("options this kind accepts"))
+    def option_help(self, config: ProviderConfig) -> str:
+        if not config.kind:
+            return "-"
+        return ", ".join(option_names(config.stage, config.kind)) or gettext("none")
+
+
+# --- a persona's chains -------------------------------------------------------------------------
+
+
+class ChainFormSet(BaseInlineFormSet):
+    """One stage's chain: at least one configuration, each once, in position order."""
+
+    stage = ""
+
+    def clean(self) -> None:
+        super().clean()
+        if any(self.errors):
+            return
+        kept = [form for form in self.forms
+                if form.cleaned_data.get("config") and not form.cleaned_data.get("DELETE")]
+        if not kept:
+            raise ValidationError(
+                gettext("Add at least one %(stage)s provider configuration: the chain must not be empty.")
+                % {"stage": STAGE_LABELS[self.stage]}, code="empty_chain")
+        configs = [form.cleaned_data["config"].pk for form in kept]
+        if len(set(configs)) != len(configs):
+            raise ValidationError(gettext("Each configuration may appear only once in a chain."), code="repeated")
+
+
+class ChainLinkForm(forms.ModelForm):
+    class Meta:
+        model = PersonaProvider
+        fields = ("config", "position")
+        widgets = {"position": forms.NumberInput(attrs={"class": "chain-position", "min": 0, "max": 999})}
+
+    def has_changed(self) -> bool:
+        # A new persona's chains start pre-filled with the default configurations: those
+        # rows must be saved even though nobody touched them.
+        return super().has_changed() or (self.instance.pk is None and bool(self.initial.get("config")))
+
+
+class ChainInline(admin.TabularInline):
+    model = PersonaProvider
+    form = ChainLinkForm
+    formset = ChainFormSet
+    stage = ""
+    extra = 0
+    min_num = 0
+    ordering = ("position", "pk")
+
+    class Media:
+        js = ("conversations/chain_order.js",)
+        css = {"all": ("conversations/chain_order.css",)}
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[PersonaProvider]:
+        return super().get_queryset(request).filter(config__stage=self.stage).select_related("config")
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "config":
+            kwargs["queryset"] = ProviderConfig.objects.filter(stage=self.stage).order_by("name")
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
+        formset = super().get_formset(request, obj, **kwargs)
+        formset.stage = self.stage
+        return formset
+
+    def default_links(self) -> list[dict[str, Any]]:
+        names = [default_config_name(self.stage, kind) for kind in DEFAULT_CHAINS[self.stage]]
+        configs = {c.name: c.pk for c in ProviderConfig.objects.filter(stage=self.stage, name__in=names)}
+        return [{"config": configs[name], "position": n} for n, name in enumerate(n for n in names if n in configs)]
+
+    def get_extra(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> int:
+        return len(self.default_links()) if obj is None else 0
+
+
+class AsrChainInline(ChainInline):
+    stage = "asr"
+    verbose_name = _("ASR provider")
+    verbose_name_plural = _("ASR chain (speech recognition, in fallback order)")
+
+
+class LlmChainInline(ChainInline):
+    stage = "llm"
+    verbose_name = _("LLM provider")
+    verbose_name_plural = _("LLM chain (language model, in fallback order)")
+
+
+class TtsChainInline(ChainInline):
+    stage = "tts"
+    verbose_name = _("TTS provider")
+    verbose_name_plural = _("TTS chain (speech synthesis, in fallback order; espeak-ng is always the last resort)")
+
+
+CHAIN_INLINES = (AsrChainInline, LlmChainInline, TtsChainInline)
+
+
+def chain_formset_kwargs(inline: admin.options.InlineModelAdmin, obj: Persona | None) -> dict[str, Any]:
+    """A new persona's chains start with the default configurations."""
+    if (obj is None or obj.pk is None) and isinstance(inline, ChainInline):
+        return {"initial": inline.default_links()}
+    return {}
+
+
+def chains_summary(persona: Persona) -> str:
+    links = sorted(persona.provider_links.all(), key=lambda link: (link.position, link.pk))
+    stages = []
+    for stage in ("asr", "llm", "tts"):
+        names = [link.config.name for link in links if link.config.stage == stage]
+        stages.append(" → ".join(names) or gettext("(default)"))
+    return " / ".join(stages)
