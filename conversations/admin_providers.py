@@ -196,8 +196,13 @@ class ChainInline(admin.TabularInline):
         configs = {c.name: c.pk for c in ProviderConfig.objects.filter(stage=self.stage, name__in=names)}
         return [{"config": configs[name], "position": n} for n, name in enumerate(n for n in names if n in configs)]
 
+    def runs_default(self, obj: Persona | None) -> bool:
+        """A new persona, or one made in code without this stage's chain: it runs the
+        default chain, so the form starts with it."""
+        return obj is None or obj.pk is None or not obj.provider_links.filter(config__stage=self.stage).exists()
+
     def get_extra(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> int:
-        return len(self.default_links()) if obj is None else 0
+        return len(self.default_links()) if self.runs_default(obj) else 0
 
 
 class AsrChainInline(ChainInline):
@@ -222,8 +227,8 @@ CHAIN_INLINES = (AsrChainInline, LlmChainInline, TtsChainInline)
 
 
 def chain_formset_kwargs(inline: admin.options.InlineModelAdmin, obj: Persona | None) -> dict[str, Any]:
-    """A new persona's chains start with the default configurations."""
-    if (obj is None or obj.pk is None) and isinstance(inline, ChainInline):
+    """A new persona's chains (or a chain never set) start with the default configurations."""
+    if isinstance(inline, ChainInline) and inline.runs_default(obj):
         return {"initial": inline.default_links()}
     return {}
 

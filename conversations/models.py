@@ -281,7 +281,9 @@ class PersonaProvider(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.persona_id}: {self.position}. {self.config_id}"
+        # Listed by the delete page of a protected configuration: say where it is used.
+        return gettext("the %(stage)s chain of the persona “%(persona)s”") % {
+            "stage": self.config.stage.upper(), "persona": self.persona.name}
 
 
 AUDIO_UPLOAD_TO = "turns/%Y/%m/%d/"
