@@ -25,7 +25,13 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from conversations.admin_providers import CHAIN_INLINES, chain_formset_kwargs, chains_summary
+from conversations.admin_providers import (
+    CHAIN_INLINES,
+    chain_formset_kwargs,
+    chains_summary,
+    persona_test_view,
+    staff_async_view,
+)
 from conversations.admin_filters import (
     HAS_ERROR,
     INTERRUPTED,
@@ -121,6 +127,10 @@ class PersonaAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Persona]:
         return super().get_queryset(request).prefetch_related("provider_links__config")
+
+    def get_urls(self) -> list[URLPattern]:
+        view = staff_async_view("conversations.change_persona")(persona_test_view)
+        return [path("<path:object_id>/test/", view, name="conversations_persona_test"), *super().get_urls()]
 
     def get_formset_kwargs(self, request: HttpRequest, obj: Any, inline: Any, prefix: str) -> dict[str, Any]:
         return {**super().get_formset_kwargs(request, obj, inline, prefix), **chain_formset_kwargs(inline, obj)}

@@ -11,22 +11,32 @@ A persona's chains are three inlines over PersonaProvider, one per stage, each o
 """
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
+from functools import wraps
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseForbidden, JsonResponse
+from django.urls import URLPattern, path
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
+from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_protect
 
-from conversations.models import DEFAULT_CHAINS, Persona, PersonaProvider, ProviderConfig
-from conversations.provider_configs import default_config_name
+from conversations.models import CHAIN_STAGES, DEFAULT_CHAINS, LANGUAGES, Persona, PersonaProvider, ProviderConfig
+from conversations.probes import ProbeResult, probe
+from conversations.provider_configs import default_config_name, env_provider_options, provider_spec
 from conversations.providers import registry
 from conversations.providers.options import option_names
+
+AsyncView = Callable[..., Awaitable[HttpResponseBase]]
 
 STAGE_LABELS = {"asr": "ASR", "llm": "LLM", "tts": "TTS", "vision": _("Vision")}
 
@@ -93,6 +103,103 @@ class ProviderConfigAdminForm(forms.ModelForm):
         super()._post_clean()
 
 
+# --- live tests ("Test" buttons) -----------------------------------------------------------------
+
+
+def staff_async_view(permission: str) -> Callable[[AsyncView], AsyncView]:
+    """An async admin view: POST only, CSRF-checked, never cached, for active staff with
+    `permission`. Async so a test waiting on a slow endpoint holds no worker thread."""
+
+    def decorate(view: AsyncView) -> AsyncView:
+        @wraps(view)
+        async def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            user = await request.auser()
+            if not (user.is_active and user.is_staff and await user.ahas_perm(permission)):
+                return HttpResponseForbidden()
+            if request.method != "POST":
+                return JsonResponse({"error": "POST only"}, status=405)
+            return await view(request, *args, **kwargs)
+
+        return csrf_protect(never_cache(inner))
+
+    return decorate
+
+
+def probe_summary(result: ProbeResult) -> str:
+    values = {"ms": round(result.ms), "text": result.text, "expected": result.expected,
+              "first": round(result.first_token_ms) if result.first_token_ms is not None else "-",
+              "error": result.error}
+    if not result.ok:
+        return gettext("Failed after %(ms)s ms: %(error)s") % values
+    if result.stage in ("llm", "vision"):
+        return gettext("Answered in %(ms)s ms, first token after %(first)s ms: “%(text)s”") % values
+    if result.stage == "asr":
+        return gettext("Transcribed in %(ms)s ms: “%(text)s” (the sample says “%(expected)s”)") % values
+    return gettext("Synthesized in %(ms)s ms: “%(text)s”") % values
+
+
+def probe_json(result: ProbeResult) -> dict[str, Any]:
+    return {**result.as_json(), "summary": probe_summary(result)}
+
+
+def probe_response(result: ProbeResult) -> HttpResponse:
+    """TTS audio as WAV (played by the page's <audio>), anything else as JSON."""
+    if result.ok and result.audio_wav:
+        response = HttpResponse(result.audio_wav, content_type="audio/wav")
+        response["X-Probe-Ms"] = str(round(result.ms))
+        response["Cache-Control"] = "no-store"
+        return response
+    return JsonResponse(probe_json(result), status=200 if result.ok else 502)
+
+
+def _language(value: str, default: str = "en") -> str:
+    return value if value in dict(LANGUAGES) else default
+
+
+async def config_test_view(request: HttpRequest, object_id: str) -> HttpResponseBase:
+    config = await ProviderConfig.objects.filter(pk=object_id).afirst() if object_id.isdigit() else None
+    if config is None:
+        return JsonResponse({"error": gettext("No such configuration.")}, status=404)
+    spec = provider_spec(config, env_provider_options())
+    result = await probe(
+        config.stage, spec, language=_language(request.POST.get("language", "")),
+        voice=request.POST.get("voice", "")[:100], model=settings.LLM_MODEL, text=request.POST.get("text", ""),
+    )
+    return probe_response(result)
+
+
+async def persona_test_view(request: HttpRequest, object_id: str) -> HttpResponseBase:
+    """Every configuration of the persona's chains, at once (bounded by the slowest timeout)."""
+    persona = await Persona.objects.filter(pk=object_id).afirst() if object_id.isdigit() else None
+    if persona is None:
+        return JsonResponse({"error": gettext("No such persona.")}, status=404)
+    env = env_provider_options()
+    links = [link async for link in PersonaProvider.objects.filter(persona=persona, config__stage__in=CHAIN_STAGES)
+             .select_related("config").order_by("position", "pk")]
+    chains = [(link.config, provider_spec(link.config, env)) for link in links]
+    stages_with_links = {config.stage for config, _spec in chains}
+    for stage in CHAIN_STAGES:  # a stage never set runs the default chain: test that
+        if stage not in stages_with_links:
+            for kind in DEFAULT_CHAINS[stage]:
+                config = await ProviderConfig.objects.filter(name=default_config_name(stage, kind)).afirst()
+                if config is not None:
+                    chains.append((config, provider_spec(config, env)))
+    order = {stage: n for n, stage in enumerate(CHAIN_STAGES)}
+    chains.sort(key=lambda pair: order[pair[0].stage])
+    results = await asyncio.gather(*(
+        probe(config.stage, spec, language=persona.language, voice=persona.voice,
+              model=persona.llm_model or settings.LLM_MODEL)
+        for config, spec in chains
+    ))
+    rows = []
+    for (config, _spec), result in zip(chains, results, strict=True):
+        row = probe_json(result)
+        row["config_id"] = config.pk
+        rows.append(row)
+    return JsonResponse({"persona": persona.name, "language": persona.language, "voice": persona.voice,
+                         "results": rows})
+
+
 @admin.register(ProviderConfig)
 class ProviderConfigAdmin(admin.ModelAdmin):
     form = ProviderConfigAdminForm
@@ -110,6 +217,10 @@ class ProviderConfigAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ProviderConfig]:
         return super().get_queryset(request).annotate(persona_count=Count("persona_links__persona", distinct=True))
+
+    def get_urls(self) -> list[URLPattern]:
+        view = staff_async_view("conversations.change_providerconfig")(config_test_view)
+        return [path("<path:object_id>/test/", view, name="conversations_providerconfig_test"), *super().get_urls()]
 
     @admin.display(description=_("API key"))
     def api_key_status(self, config: ProviderConfig) -> str:

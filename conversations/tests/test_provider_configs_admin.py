@@ -268,3 +268,15 @@ async def test_a_failing_endpoint_whose_error_quotes_the_key_leaves_no_key_in_th
     for record in caplog.records:
         rendered = f"{record.getMessage()} {record.__dict__} {record.exc_text or ''}"
         assert failing_key not in rendered and serving_key not in rendered, rendered
+
+
+def test_the_review_tells_two_configurations_of_one_kind_apart() -> None:
+    from conversations.capture import AttemptLog
+    from conversations.review import stage_attempts
+
+    log = AttemptLog()
+    log.failed("llm", "openai", RuntimeError(), 40.0, config="Cloud")
+    log.served("llm", "openai", 400.0, config="Local")
+    (llm,) = stage_attempts(log.as_json())
+    assert [(k.kind, k.ok, k.failed) for k in llm.kinds] == [("Cloud · openai", 0, 1), ("Local · openai", 1, 0)]
+    assert llm.fell_back
