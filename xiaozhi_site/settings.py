@@ -433,6 +433,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "conversations.tasks.history_retention_apply",
         "schedule": 3600.0,
     },
+    # Edge's voice list for the admin's voice picker (a failed fetch keeps the stored list).
+    "refresh-edge-voices": {
+        "task": "conversations.tasks.edge_voices_refresh",
+        "schedule": 24 * 3600.0,
+    },
     # Finished hours of turns → dashboard.TurnRollup (7-day figures without reading every turn).
     "dashboard-rollup-turns": {
         "task": "dashboard.tasks.turns_rollup",
