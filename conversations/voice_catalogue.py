@@ -53,7 +53,7 @@ def edge_voices_refresh() -> dict[str, Any]:
         entries = parse_edge_voices(raw)
     except Exception as exc:  # network down, DNS, a changed reply format: keep the old list
         kept = _stored_count()
-        logger.warning("edge voice list not refreshed, keeping the stored one",
+        logger.warning("edge voice list not refreshed, keeping the stored one: %s", type(exc).__name__,
                        extra={"error": f"{type(exc).__name__}: {str(exc)[:200]}", "kept": kept})
         return {"ok": False, "count": kept}
     _write_file(entries)
@@ -61,11 +61,12 @@ def edge_voices_refresh() -> dict[str, Any]:
     return {"ok": True, "count": len(entries)}
 
 
-async def _fetch() -> list[dict[str, Any]]:
+async def _fetch() -> list[Any]:
     import edge_tts  # noqa: PLC0415
 
     async with asyncio.timeout(FETCH_TIMEOUT):
-        return [dict(voice) for voice in await edge_tts.list_voices()]
+        voices: list[Any] = list(await edge_tts.list_voices())  # checked by parse_edge_voices
+        return voices
 
 
 def parse_edge_voices(raw: Any) -> list[dict[str, Any]]:
