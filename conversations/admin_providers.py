@@ -32,7 +32,12 @@ from django.views.decorators.csrf import csrf_protect
 
 from conversations.models import CHAIN_STAGES, DEFAULT_CHAINS, LANGUAGES, Persona, PersonaProvider, ProviderConfig
 from conversations.probes import ProbeResult, probe
-from conversations.provider_configs import default_config_name, env_provider_options, provider_spec
+from conversations.provider_configs import (
+    default_config_name,
+    env_provider_options,
+    provider_config_default,
+    provider_spec,
+)
 from conversations.providers import registry
 from conversations.providers.options import option_names
 
@@ -303,9 +308,10 @@ class ChainInline(admin.TabularInline):
         return formset
 
     def default_links(self) -> list[dict[str, Any]]:
-        names = [default_config_name(self.stage, kind) for kind in DEFAULT_CHAINS[self.stage]]
-        configs = {c.name: c.pk for c in ProviderConfig.objects.filter(stage=self.stage, name__in=names)}
-        return [{"config": configs[name], "position": n} for n, name in enumerate(n for n in names if n in configs)]
+        """The default chain's configurations (created if an operator deleted them)."""
+        configs = [provider_config_default(stage=self.stage, kind=kind) for kind in DEFAULT_CHAINS[self.stage]]
+        return [{"config": config.pk, "position": n} for n, config in enumerate(configs)
+                if config.stage == self.stage]
 
     def runs_default(self, obj: Persona | None) -> bool:
         """A new persona, or one made in code without this stage's chain: it runs the

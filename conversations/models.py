@@ -29,7 +29,7 @@ LANGUAGES = [
 ]
 
 
-# Defaults of the kind lists personas had before ProviderConfig (migrations 0001-0010 use them).
+# Defaults of the kind lists personas had before ProviderConfig (migrations 0001-0011 use them).
 def _default_asr() -> list[str]:
     return ["faster_whisper"]
 
@@ -39,12 +39,13 @@ def _default_llm() -> list[str]:
 
 
 def _default_tts() -> list[str]:
-    return ["edge", "espeak"]
+    return ["edge", "piper", "espeak"]  # Piper: the natural offline voice (English bundled)
 
 
 # What a stage's chain is when a persona has none configured (a persona made in code).
-DEFAULT_CHAINS: dict[str, list[str]] = {"asr": ["faster_whisper"], "llm": ["openai"], "tts": ["edge", "espeak"]}
+DEFAULT_CHAINS: dict[str, list[str]] = {"asr": ["faster_whisper"], "llm": ["openai"], "tts": _default_tts()}
 CHAIN_STAGES = ("asr", "llm", "tts")
+KIND_LIST_NAMES = frozenset({"asr_providers", "llm_providers", "tts_providers"})
 ENV_KEY = re.compile(r"^env:([A-Za-z_][A-Za-z0-9_]{0,99})$")
 MIN_TIMEOUT, MAX_TIMEOUT = 0.5, 600.0
 
@@ -243,7 +244,8 @@ class Persona(models.Model):
         pending = getattr(self, "_pending_kinds", {})
         if stage in pending:
             return list(pending[stage])
-        return [config.kind for config in self.chain(stage)] if self.pk else list(DEFAULT_CHAINS[stage])
+        kinds = [config.kind for config in self.chain(stage)] if self.pk else []
+        return kinds or list(DEFAULT_CHAINS[stage])  # no chain: the defaults run
 
     def _set_kinds(self, stage: str, kinds: list[str]) -> None:
         self.__dict__.setdefault("_pending_kinds", {})[stage] = list(kinds)
@@ -253,7 +255,11 @@ class Persona(models.Model):
     tts_providers = property(lambda self: self._kinds("tts"), lambda self, v: self._set_kinds("tts", v))
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        super().save(*args, **kwargs)
+        fields = kwargs.get("update_fields")
+        if fields is not None:  # save(update_fields=["tts_providers"]): the chain, no column
+            kwargs["update_fields"] = [f for f in fields if f not in KIND_LIST_NAMES]
+        if fields is None or kwargs["update_fields"]:
+            super().save(*args, **kwargs)
         pending = self.__dict__.pop("_pending_kinds", None)
         if pending:
             from conversations.provider_configs import persona_chain_set_kinds  # noqa: PLC0415 - it imports models

@@ -36,13 +36,14 @@ log = logging.getLogger(__name__)
 
 # The configurations the environment used to describe, one per kind: name and key reference.
 # Their other fields stay empty, so they keep following LLM_BASE_URL, LLM_MODEL, TTS_TIMEOUT…
-# The data migration 0010 seeds the same table (a frozen copy).
+# The data migration 0011 seeds the same table (a frozen copy).
 ENV_DEFAULTS: dict[tuple[str, str], tuple[str, str]] = {
     ("asr", "faster_whisper"): ("Whisper (local)", ""),
     ("asr", "openai"): ("ASR OpenAI-compatible (environment)", "env:ASR_OPENAI_API_KEY"),
     ("llm", "openai"): ("LLM (environment)", "env:LLM_API_KEY"),
     ("tts", "edge"): ("Edge TTS", ""),
     ("tts", "openai"): ("TTS OpenAI-compatible (environment)", "env:TTS_OPENAI_API_KEY"),
+    ("tts", "piper"): ("Piper (offline)", ""),
     ("tts", "espeak"): ("espeak-ng (offline)", ""),
 }
 
@@ -175,6 +176,7 @@ def env_provider_options() -> dict[str, dict[str, Any]]:
                                "max_concurrency": settings.ASR_MAX_CONCURRENCY,
                                "timeout": settings.ASR_TIMEOUT},
         "tts.edge": {"connect_timeout": settings.TTS_EDGE_CONNECT_TIMEOUT, "timeout": settings.TTS_TIMEOUT},
+        "tts.piper": {"voices_dir": str(settings.XIAOZHI_PIPER_VOICES_DIR), "timeout": settings.TTS_TIMEOUT},
         "tts.espeak": {"binary": settings.ESPEAK_BINARY, "timeout": settings.TTS_TIMEOUT},
         "vision.openai": {"base_url": settings.XIAOZHI_VISION_BASE_URL or settings.LLM_BASE_URL,
                           "api_key": settings.XIAOZHI_VISION_API_KEY or settings.LLM_API_KEY,

@@ -208,16 +208,16 @@ def test_a_new_persona_starts_with_the_default_chains(staff: Client) -> None:
     response = staff.post(reverse("admin:conversations_persona_add"), persona_form(None, chains))
     assert response.status_code == 302, errors(response)
     persona = Persona.objects.get(name="New persona")
-    assert persona.tts_providers == ["edge", "espeak"] and persona.llm_providers == ["openai"]
+    assert persona.tts_providers == ["edge", "piper", "espeak"] and persona.llm_providers == ["openai"]
 
 
 def test_a_persona_made_in_code_shows_the_default_chain_it_runs(staff: Client) -> None:
     persona = PersonaFactory()  # no chains: it runs the defaults
-    assert persona_config(persona).tts == ("edge", "espeak")
+    assert persona_config(persona).tts == ("edge", "piper", "espeak")
     page = staff.get(reverse("admin:conversations_persona_change", args=[persona.pk]))
     tts = next(f for f in page.context["inline_admin_formsets"] if f.formset.prefix == PREFIXES["tts"])
     assert [form.initial["config"] for form in tts.formset.forms] == [
-        provider_config_default(stage="tts", kind="edge").pk, provider_config_default(stage="tts", kind="espeak").pk]
+        provider_config_default(stage="tts", kind=kind).pk for kind in ("edge", "piper", "espeak")]
 
 
 def test_keys_never_appear_on_any_admin_page(staff: Client) -> None:

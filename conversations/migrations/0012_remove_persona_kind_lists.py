@@ -1,11 +1,11 @@
-"""The personas' kind-list columns, replaced by PersonaProvider chains in 0010."""
+"""The personas' kind-list columns, replaced by PersonaProvider chains in 0011."""
 from django.db import migrations
 
 
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0010_provider_configs'),
+        ('conversations', '0011_provider_configs'),
     ]
 
     operations = [

@@ -6,7 +6,7 @@ empty (so it keeps following LLM_BASE_URL, LLM_MODEL, … at run time) and whose
 the kind has one, is a reference (`env:LLM_API_KEY`): no secret is copied into the
 database. Each persona's kind lists become chains over those configurations, in the same
 order; a kind without an entry here (a plugin's) gets a configuration named after it.
-The kind-list columns go in 0011, a migration of their own (PostgreSQL refuses to alter a
+The kind-list columns go in 0012, a migration of their own (PostgreSQL refuses to alter a
 table with pending deferred-constraint events in the same transaction).
 """
 
@@ -23,6 +23,7 @@ ENV_DEFAULTS = {
     ("llm", "openai"): ("LLM (environment)", "env:LLM_API_KEY"),
     ("tts", "edge"): ("Edge TTS", ""),
     ("tts", "openai"): ("TTS OpenAI-compatible (environment)", "env:TTS_OPENAI_API_KEY"),
+    ("tts", "piper"): ("Piper (offline)", ""),
     ("tts", "espeak"): ("espeak-ng (offline)", ""),
 }
 STAGE_FIELDS = {"asr": "asr_providers", "llm": "llm_providers", "tts": "tts_providers"}
@@ -66,7 +67,7 @@ def unseed_provider_configs(apps, schema_editor) -> None:  # noqa: ANN001
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0009_dashboard_indexes'),
+        ('conversations', '0010_default_persona_piper'),
     ]
 
     operations = [
