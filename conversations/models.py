@@ -32,7 +32,7 @@ def _default_llm() -> list[str]:
 
 
 def _default_tts() -> list[str]:
-    return ["edge", "espeak"]
+    return ["edge", "piper", "espeak"]  # Piper: the natural offline voice (English bundled)
 
 
 class Persona(models.Model):

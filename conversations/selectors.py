@@ -78,6 +78,7 @@ def provider_settings() -> dict[str, dict[str, Any]]:
                                "max_concurrency": settings.ASR_MAX_CONCURRENCY,
                                "timeout": settings.ASR_TIMEOUT},
         "tts.edge": {"connect_timeout": settings.TTS_EDGE_CONNECT_TIMEOUT, "timeout": settings.TTS_TIMEOUT},
+        "tts.piper": {"voices_dir": str(settings.XIAOZHI_PIPER_VOICES_DIR), "timeout": settings.TTS_TIMEOUT},
         "tts.espeak": {"binary": settings.ESPEAK_BINARY, "timeout": settings.TTS_TIMEOUT},
     }
     if settings.ASR_OPENAI_BASE_URL:

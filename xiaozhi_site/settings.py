@@ -373,6 +373,8 @@ TTS_OPENAI_MODEL = envstr("TTS_OPENAI_MODEL", "tts-1")
 TTS_EDGE_CONNECT_TIMEOUT = envfloat("TTS_EDGE_CONNECT_TIMEOUT", 3.0, minimum=0.1)
 TTS_TIMEOUT = envfloat("TTS_TIMEOUT", 10.0, minimum=0.1)
 ESPEAK_BINARY = envstr("ESPEAK_BINARY", "espeak-ng")
+# Extra Piper voices (<name>.onnx + <name>.onnx.json); the bundled en_US voice needs none.
+XIAOZHI_PIPER_VOICES_DIR = Path(envstr("XIAOZHI_PIPER_VOICES_DIR", str(DATA_DIR / "piper-voices")))
 # Modules imported at startup that may add provider kinds to the registry, e.g. the fakes of
 # tests and benchmarks: XIAOZHI_PROVIDER_PLUGINS=testing.fake_providers
 XIAOZHI_PROVIDER_PLUGINS = envlist("XIAOZHI_PROVIDER_PLUGINS", [])
@@ -435,6 +437,11 @@ CELERY_BEAT_SCHEDULE = {
     "apply-history-retention": {
         "task": "conversations.tasks.history_retention_apply",
         "schedule": 3600.0,
+    },
+    # Edge's voice list for the admin's voice picker (a failed fetch keeps the stored list).
+    "refresh-edge-voices": {
+        "task": "conversations.tasks.edge_voices_refresh",
+        "schedule": 24 * 3600.0,
     },
     # Finished hours of turns → dashboard.TurnRollup (7-day figures without reading every turn).
     "dashboard-rollup-turns": {
