@@ -156,3 +156,20 @@ def test_tests_are_for_staff_and_post_only(client: Client, staff: Client) -> Non
     csrf = Client(enforce_csrf_checks=True)
     csrf.force_login(get_user_model().objects.get(username="root"))
     assert csrf.post(probe_url(config)).status_code == 403
+
+
+def test_the_voice_picker_lists_an_engines_voices_for_a_language(staff: Client) -> None:
+    url = reverse("admin:conversations_providerconfig_voices")
+    voices = staff.get(url, {"kind": "espeak", "language": "zh"}).json()["voices"]
+    names = {v["name"] for v in voices}
+    assert "cmn" in names and "en-us" not in names and {v["kind"] for v in voices} == {"espeak"}
+    both = staff.get(url, {"kind": ["piper", "openai", "nope"], "language": "en"}).json()["voices"]
+    assert {"piper", "openai"} == {v["kind"] for v in both} and "alloy" in {v["name"] for v in both}
+    assert staff.post(url).status_code == 405
+
+    config = ProviderConfig.objects.create(name="espeak", stage="tts", kind="espeak")
+    page = staff.get(reverse("admin:conversations_providerconfig_change", args=[config.pk])).content.decode()
+    assert "data-voice-picker" in page and "voice_picker.js" in page and probe_url(config) in page
+    persona = PersonaFactory(tts_providers=["piper", "espeak"])
+    page = staff.get(reverse("admin:conversations_persona_change", args=[persona.pk])).content.decode()
+    assert 'data-kinds="piper,espeak"' in page and 'data-language-source="id_language"' in page
