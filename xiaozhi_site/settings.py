@@ -310,6 +310,11 @@ XIAOZHI_MAX_DEVICE_CONNECTIONS = envint("XIAOZHI_MAX_DEVICE_CONNECTIONS", 2000, 
 # Of those, at most this many for devices that are not bound (yet): the rest stay reserved
 # for bound devices, so never-bound MACs cannot take every slot.
 XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS = envint("XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS", 200, minimum=0)
+# Admission (conversations/admission.py): past either, a process refuses *new* device sockets
+# with 1013 so the devices it holds stay real time. Streaming sessions per worker (0: no
+# limit; set it to the P2 capacity of one worker); lag of the event loop or the hearing pool.
+XIAOZHI_MAX_STREAMING_SESSIONS = envint("XIAOZHI_MAX_STREAMING_SESSIONS", 0, minimum=0)
+XIAOZHI_ADMISSION_MAX_LAG_MS = envfloat("XIAOZHI_ADMISSION_MAX_LAG_MS", 500.0, minimum=0)
 XIAOZHI_MAX_MESSAGES_PER_SECOND = envint("XIAOZHI_MAX_MESSAGES_PER_SECOND", 100, minimum=1)
 XIAOZHI_IDLE_TIMEOUT_SECONDS = envfloat("XIAOZHI_IDLE_TIMEOUT_SECONDS", 120.0, minimum=1)
 XIAOZHI_HARD_TIMEOUT_SECONDS = envfloat("XIAOZHI_HARD_TIMEOUT_SECONDS", 180.0, minimum=1)
