@@ -5,8 +5,9 @@ decoded and VAD-checked within 60 ms of arrival (p99), none dropped. Target: N â
 
 For each N, a fresh server process (daphne, same fresh SQLite database) and N light devices
 (bench/loadgen.py: firmware handshake, hello, MCP answers; no per-device threads) that send
-`listen start` (auto), at random moments over the first 2 s, and then stream a pre-encoded loop of real espeak sentences and
-silence (about 60% speech; silence as the device's DTX packets) on an absolute 60 ms clock,
+`listen start` (auto), at random moments over the first 2 s, and then stream a pre-encoded loop
+of real espeak sentences and silence (about 60% speech; silence as the device's DTX packets) on
+an absolute 60 ms clock,
 each device from a random point of the loop and a random phase, for `--duration` seconds.
 The persona's silence window is set to 60 s so no utterance ends during a step: all N
 devices stream all the time, and the server does nothing but hear (decode, VAD, endpointing,
@@ -221,7 +222,7 @@ def report(steps: list[Step], duration: float) -> None:
 
 async def run(bench: BenchServer, counts: list[int], duration: float) -> list[Step]:
     packets = speech_loop()
-    steps = []
+    steps: list[Step] = []
     for count in counts:
         if steps:
             bench.restart()

@@ -83,7 +83,7 @@ class AsgiServer:
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
              "xiaozhi_site.asgi:application"],
             cwd=BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509  the hook only sets PR_SET_PDEATHSIG
         )
         self._wait_ready(timeout)
         return self
