@@ -115,7 +115,13 @@ def _piper_voices() -> list[Voice]:
     from conversations.providers.tts.piper import installed_voices  # noqa: PLC0415
 
     found = installed_voices(getattr(settings, "XIAOZHI_PIPER_VOICES_DIR", None))
-    return [Voice(v.name, v.language, v.name + (" (bundled)" if v.bundled else "")) for v in found.values()]
+    return [Voice(v.name, v.language, _piper_label(v.name)) for v in found.values()]
+
+
+def _piper_label(name: str) -> str:
+    """"en_US-joe-medium" -> "joe (medium)": rhasspy's names are language-dataset-quality."""
+    parts = name.split("-")
+    return f"{parts[1]} ({parts[2]})" if len(parts) == 3 else name
 
 
 _espeak_catalogue: list[Voice] | None = None
