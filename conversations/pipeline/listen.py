@@ -17,8 +17,10 @@ the engine start ASR speculatively; if speech resumes (`SpeechResumed`) it is di
 With "smart" turn detection the ear also asks, once per pause, whether the utterance is
 complete: the hearing runs the end-of-turn model (its own bounded thread pool, providers/
 turn/smart_turn.py) in a task it owns, and hands the verdict back to the ear between
-batches; "complete" ends the utterance at once. The checks of an utterance (probability,
-model time, who ended it, the silence waited) travel with it to the turn's timings.
+batches; "complete" ends the utterance at once. The pause's `SpeechPaused` (the engine's
+speculative ASR) waits for that answer, so Whisper does not compete with the model. The
+checks of an utterance (probability, model time, who ended it, the silence waited) travel
+with it to the turn's timings.
 """
 from __future__ import annotations
 
