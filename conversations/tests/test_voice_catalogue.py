@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ from conversations.providers.tts.voices import OPENAI_VOICES, Voice, list_voices
 
 EDGE_LIST = [
     {"Name": "Microsoft Server Speech Text to Speech Voice (en-US, AriaNeural)", "ShortName": "en-US-AriaNeural",
-     "Gender": "Female", "Locale": "en-US", "FriendlyName": "Microsoft Aria Online (Natural) - English (United States)"},
+     "Gender": "Female", "Locale": "en-US",
+     "FriendlyName": "Microsoft Aria Online (Natural) - English (United States)"},
     {"ShortName": "en-GB-RyanNeural", "Gender": "Male", "Locale": "en-GB"},
     {"ShortName": "zh-CN-XiaoxiaoNeural", "Gender": "Female", "Locale": "zh-CN"},
     {"ShortName": "zh-CN-YunxiNeural", "Gender": "Male", "Locale": "zh-CN"},
@@ -69,9 +71,9 @@ async def test_espeak_lists_its_voices_filtered_by_language() -> None:
     assert {"en-us", "en-gb"} <= english and "cmn" not in english
     everything = await list_voices("espeak")
     assert len(everything) > 50
-    import subprocess
-
-    accepted = parse_voice_list(subprocess.run(["espeak-ng", "--voices"], capture_output=True, text=True).stdout)
+    listing = await asyncio.to_thread(subprocess.run, ["espeak-ng", "--voices"], capture_output=True, text=True,
+                                      check=True)
+    accepted = parse_voice_list(listing.stdout)
     assert {v.name.lower() for v in everything} <= accepted  # every listed name works with -v
 
 
