@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 import openai
+from openai.types.chat import ChatCompletionUserMessageParam
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -187,12 +188,11 @@ async def _ask(endpoint: VisionEndpoint, question: str, jpeg: bytes) -> str:
     client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key or "not-needed",
                                 timeout=endpoint.timeout, max_retries=0)
     image_url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
-    content = [{"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": image_url}}]
+    message: ChatCompletionUserMessageParam = {"role": "user", "content": [
+        {"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": image_url}}]}
     try:
         response = await client.chat.completions.create(
-            model=endpoint.model, stream=False,
-            messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
-        )
+            model=endpoint.model, stream=False, messages=[message])
     except (openai.OpenAIError, OSError, TimeoutError) as exc:
         raise VisionError(type(exc).__name__) from exc
     finally:

@@ -12,6 +12,7 @@ import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -248,7 +249,7 @@ STORAGES = {
 }
 
 LOG_LEVEL = envchoice("XIAOZHI_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
@@ -365,6 +366,12 @@ ASR_OPENAI_BASE_URL = envstr("ASR_OPENAI_BASE_URL", "")
 ASR_OPENAI_API_KEY = envsecret("ASR_OPENAI_API_KEY", "not-needed")
 ASR_OPENAI_MODEL = envstr("ASR_OPENAI_MODEL", "whisper-1")
 ASR_TIMEOUT = envfloat("ASR_TIMEOUT", 15.0, minimum=0.1)
+
+# --- End of turn (personas with "smart" turn detection) ----------------------------------
+# The Smart Turn model's intra-op threads per run, and how many runs may go at once per
+# process (more wait in a short queue; beyond it a pause ends on the silence window).
+XIAOZHI_TURN_MODEL_THREADS = envint("XIAOZHI_TURN_MODEL_THREADS", 1, minimum=1, maximum=16)
+XIAOZHI_TURN_MODEL_CONCURRENCY = envint("XIAOZHI_TURN_MODEL_CONCURRENCY", 2, minimum=1, maximum=16)
 
 # --- TTS ---------------------------------------------------------------------------------
 TTS_OPENAI_BASE_URL = envstr("TTS_OPENAI_BASE_URL", "")
