@@ -108,8 +108,10 @@ def vision_endpoints(device: Device) -> list[VisionEndpoint]:
     env = env_provider_options()
     specs = persona_chain_specs(persona_for_device(device), env, stages=("vision",))["vision"]
     endpoints = [
-        VisionEndpoint(spec.name, str(spec.kwargs.get("base_url") or ""), spec.model or settings.XIAOZHI_VISION_MODEL,
-                       float(spec.kwargs.get("timeout") or VISION_TIMEOUT_SECONDS), str(spec.kwargs.get("api_key") or ""))
+        VisionEndpoint(spec.name, str(spec.kwargs.get("base_url") or ""),
+                       spec.model or settings.XIAOZHI_VISION_MODEL,
+                       float(spec.kwargs.get("timeout") or VISION_TIMEOUT_SECONDS),
+                       str(spec.kwargs.get("api_key") or ""))
         for spec in specs if not isinstance(spec, str)
     ]
     return endpoints or [VisionEndpoint(
