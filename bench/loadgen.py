@@ -240,8 +240,9 @@ class LightDevice:
         except Exception as exc:  # noqa: BLE001 - record, never crash the load
             self.errors.append(f"{type(exc).__name__}: {exc}")
         finally:
-            if ws.close_rcvd is not None:
-                self.close_code, self.close_reason = ws.close_rcvd.code, ws.close_rcvd.reason
+            rcvd = ws.protocol.close_rcvd  # the server's close frame, if one came
+            if rcvd is not None:
+                self.close_code, self.close_reason = rcvd.code, rcvd.reason
             self.closed.set()
             self._wake()
 
