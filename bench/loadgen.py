@@ -153,7 +153,8 @@ class LightDevice:
         await self.ws.send(self.hello_text())
         closed = asyncio.ensure_future(self.closed.wait())
         try:  # a refused socket (e.g. 1013) ends the wait at once, not at the timeout
-            await asyncio.wait({self._hello, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {self._hello, closed}
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             closed.cancel()
         if not self._hello.done():
@@ -240,9 +241,9 @@ class LightDevice:
         except Exception as exc:  # noqa: BLE001 - record, never crash the load
             self.errors.append(f"{type(exc).__name__}: {exc}")
         finally:
-            rcvd = ws.protocol.close_rcvd  # the server's close frame, if one came
-            if rcvd is not None:
-                self.close_code, self.close_reason = rcvd.code, rcvd.reason
+            received = ws.protocol.close_rcvd  # the server's close frame (ClientConnection has no close_rcvd)
+            if received is not None:
+                self.close_code, self.close_reason = received.code, received.reason
             self.closed.set()
             self._wake()
 

@@ -39,7 +39,7 @@ def _timezone_offset_minutes(device: Device, now: datetime) -> int:
 
 
 def firmware_download_path(release: FirmwareRelease) -> str:
-    filename = release.binary.name.rsplit("/", 1)[-1]
+    filename = (release.binary.name or "").rsplit("/", 1)[-1]
     return reverse("devices:firmware-download", kwargs={"pk": release.pk, "filename": filename})
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Model
 from django.db.models import F
@@ -199,7 +199,7 @@ def _code_for_binding(code: str, now: datetime) -> ActivationCode:
 
 
 @transaction.atomic
-def device_bind(*, code: str, owner: AbstractBaseUser, persona: Model | None = None) -> Device:
+def device_bind(*, code: str, owner: User, persona: Model | None = None) -> Device:
     """Bind the device waiting for `code` to `owner` (single use; the caller rate-limits).
 
     `persona` is a conversations.Persona (typed loosely: devices never imports conversations).

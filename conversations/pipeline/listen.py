@@ -231,9 +231,9 @@ class Hearing:
         arrivals: list[float] = []
         while self._queue and len(batch) < MAX_BATCH:
             item = self._queue.popleft()
-            if item is _FLUSH:
+            if not isinstance(item, tuple):  # _FLUSH
                 return batch, arrivals, True
-            packet, arrived = item  # type: ignore[misc]
+            packet, arrived = item
             batch.append(packet)
             arrivals.append(arrived)
         return batch, arrivals, False
