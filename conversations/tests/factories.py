@@ -3,9 +3,15 @@ from __future__ import annotations
 
 import factory
 
+from conversations.models import Persona
+from testing.model_factory import ModelFactory
 
-class PersonaFactory(factory.django.DjangoModelFactory):
+
+class _PersonaFactory(factory.django.DjangoModelFactory[Persona]):
     class Meta:
         model = "conversations.Persona"
 
     name = factory.Sequence(lambda n: f"Persona {n}")
+
+
+PersonaFactory = ModelFactory(_PersonaFactory)
