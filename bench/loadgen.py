@@ -106,10 +106,13 @@ class Reply:
 class LightDevice:
     """One device connection. `connect()`, `hello()`, then stream or idle; `close()`."""
 
-    def __init__(self, ws_url: str, mac: str, *, mcp: bool = True, keep_audio: bool = False) -> None:
+    def __init__(self, ws_url: str, mac: str, *, mcp: bool = True, keep_audio: bool = False, token: str = "",
+                 client_id: str | None = None, headers: dict[str, str] | None = None) -> None:
         self.ws_url = ws_url
         self.mac = mac
-        self.client_id = str(uuid.uuid4())
+        self.token = token
+        self.extra_headers = headers or {}
+        self.client_id = client_id or str(uuid.uuid4())
         self.keep_audio = keep_audio
         self.features: dict[str, Any] = {"mcp": True} if mcp else {}
         self._mcp = DeviceMcpServer.default() if mcp else None
@@ -133,7 +136,7 @@ class LightDevice:
     # -- connection ---------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        headers = transport.handshake_headers("", 1, self.mac, self.client_id)
+        headers = {**transport.handshake_headers(self.token, 1, self.mac, self.client_id), **self.extra_headers}
         self.ws = await transport.open_connection(self.ws_url, headers)
         self._receiver = asyncio.create_task(self._receive(self.ws))
 

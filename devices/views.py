@@ -26,7 +26,7 @@ from devices.decorators import (
 from devices.models import FirmwareRelease
 from devices.ota import ota_check
 from devices.ratelimit import activate_poll_limit, new_device_limit, ota_check_limit, rate_limit_hit
-from devices.selectors import device_get_by_mac
+from devices.selectors import device_for_checkin, device_get_by_mac
 from devices.services import ActivationBody, CheckinReport, device_activate
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def _new_device_refused(request: HttpRequest) -> HttpResponse | None:
 @json_body(OtaSpec)
 def _ota_check(request: DeviceRequest) -> HttpResponse:
     report = _checkin_report(request)
-    device = device_get_by_mac(mac=report.mac)
+    device = device_for_checkin(mac=report.mac)
     if device is None and (refused := _new_device_refused(request)) is not None:
         return refused
     reply = ota_check(device=device, report=report, base_url=public_base_url(request), ws_url=public_ws_url(request))

@@ -1,4 +1,4 @@
-"""Contracts for the pluggable pipeline stages: VAD, ASR, LLM, TTS.
+"""Contracts for the pluggable pipeline stages: VAD, end of turn, ASR, LLM, TTS.
 
 Providers are plain async Python: no ORM, no Django settings. They receive their
 configuration as keyword arguments from `registry.build` and fail with ProviderError, which
@@ -8,11 +8,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 
 class ProviderError(Exception):
     """A provider could not do its job (network, timeout, bad reply, missing model)."""
+
+
+class TurnVerdict(NamedTuple):
+    """An end-of-turn model's answer for one pause."""
+
+    complete: bool
+    probability: float
+    elapsed_ms: float  # the model's own time (features + inference), not the wait for a slot
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,18 @@ class VAD(Protocol):
 
     def probabilities(self, work: list[tuple[Any, bytes]]) -> list[list[float]]:
         """For each (stream, pcm): a probability per window completed by `pcm`, in order."""
+
+
+@runtime_checkable
+class TurnModel(Protocol):
+    """End of turn: does the utterance heard so far sound finished? One per process
+    (`registry.shared`); `predict` runs the model off the event loop and may raise
+    ProviderError (then the pause is judged by the fixed silence window)."""
+
+    name: str
+
+    async def predict(self, pcm16k: bytes) -> TurnVerdict:
+        """The utterance so far (16 kHz s16 mono, ending now)."""
 
 
 @runtime_checkable

@@ -12,6 +12,9 @@ class _PersonaFactory(factory.django.DjangoModelFactory[Persona]):
         model = "conversations.Persona"
 
     name = factory.Sequence(lambda n: f"Persona {n}")
+    # The fixed silence window, so a test's timing does not hang on the end-of-turn model's
+    # opinion of espeak; tests of smart turn detection say so.
+    turn_detection = "silence"
 
 
 PersonaFactory = ModelFactory(_PersonaFactory)
