@@ -54,6 +54,7 @@ class SessionConfig:
     # "stage.kind" -> constructor keyword arguments (URLs, keys, model paths) from settings
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     vad: str = "silero"  # the VAD provider kind (one per process, shared by every session)
+    aec: str = "webrtc"  # server-side echo canceller for `features.aec` devices ("": none)
     llm_model: str = ""
     downlink_sample_rate: int = 24000
     hello_timeout: float = 10.0

@@ -1,7 +1,9 @@
 """Endpointing: from Opus packets to speech marks, per session, in the shared CPU pool.
 
 `HearingBatch.run_batch` is the hearing's pool job (listen.py submits it through
-`CpuMill.run_batched`): it decodes each session's packets (Opus → 16 kHz PCM), asks the VAD
+`CpuMill.run_batched`): it decodes each session's packets (Opus → 16 kHz PCM), cancels the
+device's echo where the session has a canceller (echo.py: devices with `features.aec`, so
+everything after this sees the residual), asks the VAD
 provider for all of their window probabilities in one call (the windows of many sessions
 share model runs), then endpoints each session (`Ear.endpoint`): `VADDetector` turns
 probabilities into speech started/stopped with a 3-of-5 voiced-window rule and a dual
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conversations.capture import PacketTrail
+from conversations.pipeline.echo import EchoCanceller
 from conversations.providers.base import VAD
 from devices.protocol.opus import AudioError, OpusDecoder
 
@@ -49,8 +52,11 @@ class Ear:
     """Decoder, VAD state, endpointing and PCM buffer of one session. Used in pool threads,
     by one job at a time (its session awaits each job)."""
 
-    def __init__(self, settings: VADSettings, vad: VAD, *, keep_packets: bool = False) -> None:
+    def __init__(
+        self, settings: VADSettings, vad: VAD, *, keep_packets: bool = False, echo: EchoCanceller | None = None,
+    ) -> None:
         self._settings = settings
+        self.echo = echo  # server AEC: kept across resets, its filter has learnt the room
         # The utterance's Opus packets as heard, for turn audio (None: not recorded).
         self.trail: PacketTrail | None = PacketTrail() if keep_packets else None
         self._window_ms = vad.window_ms
@@ -78,11 +84,12 @@ class Ear:
         if self.trail is not None:
             self.trail.clear()
 
-    def hear(self, packets: list[bytes], endpointing: bool) -> tuple[bytes, int]:
-        """Decode and buffer a batch; return its PCM and the count of packets that would not
-        decode (manual mode buffers up to MAX_MANUAL_MS)."""
+    def hear(self, packets: list[bytes], endpointing: bool, stamps: list[int] | None = None) -> tuple[bytes, int]:
+        """Decode (and cancel the echo of) a batch and buffer it; return its PCM and the count
+        of packets that would not decode (manual mode buffers up to MAX_MANUAL_MS).
+        `stamps`: the packets' v2 timestamps (what the device was playing)."""
         keep = endpointing or len(self._buf) < MAX_MANUAL_MS * BYTES_PER_MS
-        pcm, invalid = self._decode(packets, self.trail if keep else None)
+        pcm, invalid = self._decode(packets, self.trail if keep else None, stamps)
         if keep:
             self._buf += pcm
         return pcm, invalid
@@ -103,17 +110,21 @@ class Ear:
         self.reset()
         return pcm, packets
 
-    def _decode(self, packets: list[bytes], trail: PacketTrail | None) -> tuple[bytes, int]:
+    def _decode(
+        self, packets: list[bytes], trail: PacketTrail | None, stamps: list[int] | None = None,
+    ) -> tuple[bytes, int]:
         if self._decoder is None:
             self._decoder = OpusDecoder(SAMPLE_RATE)
         parts: list[bytes] = []
         invalid = 0
-        for packet in packets:
+        for index, packet in enumerate(packets):
             try:
                 pcm = self._decoder.decode(packet)
             except AudioError:
                 invalid += 1
                 continue
+            if self.echo is not None:
+                pcm = self.echo.process(pcm, stamps[index] if stamps else 0)
             parts.append(pcm)
             if trail is not None:
                 trail.entries.append((packet, len(pcm)))  # recording: the one extra step per packet
@@ -188,6 +199,7 @@ class EarJob:
     ear: Ear
     packets: list[bytes]
     endpointing: bool  # False in manual mode: buffer only, `listen stop` ends the utterance
+    stamps: list[int] | None = None  # v2 uplink timestamps, one per packet (server AEC)
 
 
 @dataclass(frozen=True)
@@ -206,7 +218,7 @@ class HearingBatch:
         heard: dict[int, bytes] = {}
         for i, job in enumerate(jobs):
             try:
-                pcm, invalid = job.ear.hear(job.packets, job.endpointing)
+                pcm, invalid = job.ear.hear(job.packets, job.endpointing, job.stamps)
             except Exception as exc:
                 outcomes[i] = (None, exc)
                 continue

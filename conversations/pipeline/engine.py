@@ -39,6 +39,7 @@ from conversations.pipeline.reply import ReplyHandle, Speculation, TurnRunner, n
 from conversations.pipeline.speak import Clock, LoopClock
 from conversations.pipeline.think import Thinker
 from conversations.providers import registry
+from conversations.providers.base import AEC
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ async def _speculative(coro: Coroutine[Any, Any, tuple[str, str]], attempts: Att
 class VoiceEngine:
     """The real engine (contracts.VoiceEngine). `on_*` return at once; work runs in tasks."""
 
-    on_audio: Callable[[bytes], None]  # queue one uplink packet (Hearing.push)
+    on_audio: Callable[[bytes, int], None]  # queue one uplink packet and its v2 stamp (Hearing.push)
 
     def __init__(
         self,
@@ -90,6 +91,7 @@ class VoiceEngine:
             # An injected clock reaches the hearing too; the loop's own is read directly.
             on_event=self._on_hearing, clock=None if isinstance(self._clock, LoopClock) else self._clock.now,
             keep_packets=config.recording == "on",
+            aec=self._echo_canceller(ctx),
         )
         self.on_audio = self._hearing.push  # the uplink's hot path: no hop through the engine
         self._chains = Chains(config)
@@ -106,7 +108,19 @@ class VoiceEngine:
         self._turns = 0
         self._closed = False
 
+    @staticmethod
+    def _echo_canceller(ctx: EngineContext) -> AEC | None:
+        config = ctx.config
+        if not ctx.server_aec or not config.aec:
+            return None
+        aec: AEC = registry.shared("aec", config.aec, **config.providers.get(f"aec.{config.aec}", {}))
+        return aec
+
     # -- device events (from the session) ----------------------------------------------------
+
+    def on_audio_sent(self, opus: bytes, timestamp: int) -> None:
+        """A downlink frame went out stamped `timestamp`: the reference of its echo."""
+        self._hearing.reference(timestamp, opus)
 
     def on_listen_start(self) -> None:
         self._listening = True

@@ -34,7 +34,8 @@ from conversations.pipeline.endpointing import (
     Mark,
     VADSettings,
 )
-from conversations.providers.base import VAD
+from conversations.pipeline.echo import EchoCanceller, ReferenceRing
+from conversations.providers.base import AEC, VAD
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +120,15 @@ class Hearing:
         queue_packets: int = QUEUE_PACKETS,
         clock: Callable[[], float] | None = None,
         keep_packets: bool = False,
+        aec: AEC | None = None,
     ) -> None:
         self._mill = mill
         self._batch = HearingBatch(vad)
         self._on_event = on_event
-        self._ear = Ear(settings, vad, keep_packets=keep_packets)  # keep_packets: utterance audio recorded
-        self._queue: deque[tuple[bytes, float] | object] = deque()  # (packet, arrival) or _FLUSH
+        # aec: the device's echo is cancelled before VAD (server AEC, `features.aec` devices)
+        self.echo = EchoCanceller(aec.stream(), ReferenceRing()) if aec is not None else None
+        self._ear = Ear(settings, vad, keep_packets=keep_packets, echo=self.echo)  # keep_packets: recorded
+        self._queue: deque[tuple[bytes, float, int] | object] = deque()  # (packet, arrival, stamp) or _FLUSH
         self._queue_packets = queue_packets
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -171,16 +175,22 @@ class Hearing:
         self.accepting = False
         self._wake.set()
 
-    def push(self, packet: bytes) -> None:
-        """Queue one uplink packet. Never blocks; cheap enough to run per packet on the loop."""
+    def push(self, packet: bytes, timestamp: int = 0) -> None:
+        """Queue one uplink packet (`timestamp`: its v2 stamp). Never blocks; cheap enough to
+        run per packet on the loop."""
         if not self.accepting or (self._mute_until and self._now() < self._mute_until):
             self.ignored += 1
             return
         if len(self._queue) >= self._queue_packets:
             self.dropped += 1
             return
-        self._queue.append((packet, self._now()))
+        self._queue.append((packet, self._now(), timestamp))
         self._wake.set()
+
+    def reference(self, timestamp: int, opus: bytes) -> None:
+        """A downlink frame just sent with this v2 timestamp: the echo to cancel (server AEC)."""
+        if self.echo is not None:
+            self.echo.ring.add(timestamp, opus)
 
     async def aclose(self) -> None:
         self.accepting = False
@@ -191,6 +201,7 @@ class Hearing:
                 "invalid": self.invalid, "lag_p50_ms": self.lag.percentile(0.5),
                 "lag_p99_ms": self.lag.percentile(0.99), "lag_max_ms": round(self.lag.max_ms, 1),
                 "lag_histogram_ms": self.lag.counts,
+                **({"aec": vars(self.echo.stats)} if self.echo is not None else {}),
             })  # fmt: skip
 
     # -- worker ------------------------------------------------------------------------------
@@ -209,14 +220,15 @@ class Hearing:
                     log.exception("hearing batch failed")
 
     async def _step(self) -> None:
-        batch, arrivals, flush = self._take_batch()
+        batch, arrivals, stamps, flush = self._take_batch()
         generation = self._generation
         if self._ear_generation != generation:
             self._ear.reset()
             self._ear_generation = generation
         if batch:
             self.packets += len(batch)
-            marks, invalid = await self._mill.run_batched(self._batch, EarJob(self._ear, batch, self.endpointing))
+            job = EarJob(self._ear, batch, self.endpointing, stamps if self.echo is not None else None)
+            marks, invalid = await self._mill.run_batched(self._batch, job)
             done = self._now()
             for arrived in arrivals:
                 self.lag.add(done - arrived)
@@ -226,17 +238,19 @@ class Hearing:
             pcm, packets = await self._mill.run(self._ear.take_all)
             self._on_event(SpeechStopped(Utterance(pcm, self._now(), len(pcm) / BYTES_PER_MS, packets=packets)))
 
-    def _take_batch(self) -> tuple[list[bytes], list[float], bool]:
+    def _take_batch(self) -> tuple[list[bytes], list[float], list[int], bool]:
         batch: list[bytes] = []
         arrivals: list[float] = []
+        stamps: list[int] = []
         while self._queue and len(batch) < MAX_BATCH:
             item = self._queue.popleft()
             if item is _FLUSH:
-                return batch, arrivals, True
-            packet, arrived = item  # type: ignore[misc]
+                return batch, arrivals, stamps, True
+            packet, arrived, stamp = item  # type: ignore[misc]
             batch.append(packet)
             arrivals.append(arrived)
-        return batch, arrivals, False
+            stamps.append(stamp)
+        return batch, arrivals, stamps, False
 
     def _dispatch(self, marks: list[Mark], generation: int) -> None:
         now = self._now()

@@ -17,6 +17,9 @@ REGISTRY: dict[str, dict[str, str]] = {
     "vad": {
         "silero": "conversations.providers.vad.silero.SileroVAD",
     },
+    "aec": {
+        "webrtc": "conversations.providers.aec.webrtc.WebRtcAEC",
+    },
     "asr": {
         "faster_whisper": "conversations.providers.asr.faster_whisper.FasterWhisperASR",
         "openai": "conversations.providers.asr.openai_compat.OpenAIASR",
