@@ -52,6 +52,7 @@ def persona_config(persona: Persona) -> PersonaConfig:
         temperature=persona.temperature, max_tokens=persona.max_tokens,
         context_turns=persona.context_turns, vad_threshold=persona.vad_threshold,
         vad_threshold_low=persona.vad_threshold_low, vad_min_silence_ms=persona.vad_min_silence_ms,
+        barge_in_min_ms=persona.barge_in_min_ms, barge_in_min_probability=persona.barge_in_min_probability,
         greeting=persona.greeting, exit_phrases=_strings(persona.exit_phrases),
         farewell=persona.farewell,
         # Empty or null means "all built-in tools" (the admin's help text says so).

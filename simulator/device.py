@@ -117,6 +117,7 @@ class SimulatedDevice:
         self._microphone: asyncio.Task[None] | None = None
         self._mic_speech = bytearray()
         self._mic_taken = 0
+        self.mic_lag: list[float] = []  # how late each microphone frame was taken (s)
         self._mic_onsets: list[tuple[int, asyncio.Future[float]]] = []
         self.turn_mark = len(self.events)
         self._last_tts_stop = -1
@@ -339,22 +340,26 @@ class SimulatedDevice:
             self._microphone = None
 
     async def _run_microphone(self) -> None:
+        # Capture times come from the schedule (frame n covers start + (n-1)·60 ms .. + 60 ms),
+        # not from when this task got to run: if the simulator falls behind on a busy machine,
+        # its lateness counts against the server (onsets stay where the user spoke).
         loop = asyncio.get_running_loop()
-        start, index, size = loop.time(), 0, UPLINK_RATE * FRAME_MS // 1000 * 2
+        start, index, size = time.monotonic(), 0, UPLINK_RATE * FRAME_MS // 1000 * 2
         while self._connected:
             index += 1
-            await asyncio.sleep(max(0.0, start + index * FRAME_MS / 1000 - loop.time()))
+            captured_to = start + index * FRAME_MS / 1000
+            await asyncio.sleep(max(0.0, captured_to - time.monotonic()))
+            self.mic_lag.append(time.monotonic() - captured_to)
             frame = bytes(self._mic_speech[:size])
             del self._mic_speech[:size]
-            captured_from = time.monotonic() - FRAME_MS / 1000
-            self._resolve_onsets(self._mic_taken, len(frame) // 2, captured_from)
+            self._resolve_onsets(self._mic_taken, len(frame) // 2, captured_to - FRAME_MS / 1000)
             self._mic_taken += len(frame) // 2  # samples of queued speech captured so far
             if not self._mic_on:
                 self.suppressed_uplink_frames += 1
                 continue
             frame += bytes(size - len(frame))
-            packet = await loop.run_in_executor(self._get_executor(), self._capture, frame, time.monotonic())
-            if not await self._send_uplink(packet):
+            packet = await loop.run_in_executor(self._get_executor(), self._capture, frame, captured_to)
+            if not await self._send_uplink(packet, captured_to):
                 return
 
     def _resolve_onsets(self, taken: int, count: int, captured_from: float) -> None:
@@ -394,9 +399,9 @@ class SimulatedDevice:
             frame = self.echo.mix(now - FRAME_MS / 1000, frame)
         return self._get_encoder().encode(frame)
 
-    async def _send_uplink(self, packet: bytes) -> bool:
+    async def _send_uplink(self, packet: bytes, captured_to: float | None = None) -> bool:
         # Stamped as the firmware does it: the oldest played frame's v2 timestamp (server AEC).
-        stamp = self.speaker.stamps.for_uplink(time.monotonic())
+        stamp = self.speaker.stamps.for_uplink(time.monotonic() if captured_to is None else captured_to)
         try:
             await self._send_binary(encode_audio(packet, self.ws_version, stamp))
         except DeviceError:

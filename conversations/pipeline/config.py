@@ -36,6 +36,8 @@ class PersonaConfig:
     vad_threshold: float = 0.5
     vad_threshold_low: float = 0.3
     vad_min_silence_ms: int = 600
+    barge_in_min_ms: int = 180  # speech over a reply needed to interrupt it (realtime mode)
+    barge_in_min_probability: float = 0.8  # VAD probability a window needs to count for it
     greeting: str = ""
     exit_phrases: tuple[str, ...] = ()
     farewell: str = "Goodbye!"

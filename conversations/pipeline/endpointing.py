@@ -7,8 +7,11 @@ everything after this sees the residual), asks the VAD
 provider for all of their window probabilities in one call (the windows of many sessions
 share model runs), then endpoints each session (`Ear.endpoint`): `VADDetector` turns
 probabilities into speech started/stopped with a 3-of-5 voiced-window rule and a dual
-threshold, and the ear adds ~600 ms of pre-roll, pause marks for speculative ASR and the
-utterance length limit. Pure and synchronous; timestamps are added on the loop.
+threshold, and the ear adds ~600 ms of pre-roll, pause marks for speculative ASR, the
+utterance length limit and the barge-in confirmation ("confirmed": the utterance has had
+`barge_in_min_ms` of windows at `barge_in_min_probability` or more, counted from its first
+voiced window and started over after `CONFIRM_GAP_MS` of silence, so a cough, a short "mm"
+or scattered blips of residual echo never add up to it). Pure and synchronous; timestamps are added on the loop.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ PREROLL_MS = 600
 KEEP_IDLE_MS = PREROLL_MS + 400  # pre-roll plus the windows VAD needs before it fires
 MAX_UTTERANCE_MS = 30_000
 MAX_MANUAL_MS = 60_000
+CONFIRM_GAP_MS = 96  # this much unvoiced audio (3 Silero windows) restarts the barge-in count
 SPECULATE_AFTER_MS = 120  # Whisper needs ~0.3-0.5 s: start it well inside the silence window
 Outcome = tuple[Any, BaseException | None]  # (value, error) of one job
 
@@ -36,13 +40,16 @@ class VADSettings:
     threshold: float = 0.5
     threshold_low: float = 0.3
     min_silence_ms: float = 600.0
+    # What it takes for speech over a reply to interrupt it (persona settings).
+    barge_in_min_ms: float = 180.0
+    barge_in_min_probability: float = 0.8
 
 
 @dataclass(frozen=True)
 class Mark:
     """Raw outcome from the worker thread; timestamps are added on the loop."""
 
-    kind: str  # "started" | "paused" | "resumed" | "stopped"
+    kind: str  # "started" | "confirmed" | "paused" | "resumed" | "stopped"
     pcm: bytes = b""
     speech_ms: float = 0.0
     packets: list[bytes] = field(default_factory=list)  # "stopped": the Opus behind `pcm` (recording)
@@ -70,6 +77,9 @@ class Ear:
         self._voiced = False
         self._quiet_ms = 0.0  # trailing unvoiced audio inside an utterance
         self._paused = False
+        self._strong_ms = 0.0  # confident speech since the last gap, in the candidate or utterance
+        self._gap_ms = 0.0  # unvoiced audio in a row
+        self._confirmed = False
 
     def reset(self) -> None:
         self._detector.reset()
@@ -79,8 +89,8 @@ class Ear:
         self._buf.clear()
         self._buf_start_ms = 0.0
         self._utt_start_ms = None
-        self._voiced = self._paused = False
-        self._quiet_ms = 0.0
+        self._voiced = self._paused = self._confirmed = False
+        self._quiet_ms = self._strong_ms = self._gap_ms = 0.0
         if self.trail is not None:
             self.trail.clear()
 
@@ -100,6 +110,7 @@ class Ear:
         for event in self._detector.feed(probabilities):
             marks.append(self._mark(event))
         marks += self._pause_marks(probabilities)
+        marks += self._confirm_marks(probabilities)
         return marks + self._trim()
 
     def take_all(self) -> tuple[bytes, list[bytes]]:
@@ -137,6 +148,7 @@ class Ear:
             return Mark("started")
         start = self._utt_start_ms if self._utt_start_ms is not None else self._buf_start_ms
         self._utt_start_ms = None
+        self._strong_ms, self._confirmed = 0.0, False
         speech_ms = (event.speech_end_ms or event.at_ms) - event.speech_start_ms
         return Mark("stopped", self._slice(start, event.at_ms), speech_ms, self._packets(start, event.at_ms))
 
@@ -158,6 +170,26 @@ class Ear:
             end = self._detector.position_ms
             marks.append(Mark("paused", self._slice(self._utt_start_ms or 0.0, end)))
         return marks
+
+    def _confirm_marks(self, probabilities: list[float]) -> list[Mark]:
+        """"confirmed" once per utterance, when it has enough confident speech to interrupt."""
+        detector = self._detector
+        if not detector.in_speech and not detector.has_candidate:
+            self._strong_ms, self._confirmed = 0.0, False  # a blip that died out
+            return []
+        settings = self._settings
+        for prob in probabilities:
+            if prob >= settings.barge_in_min_probability:
+                self._strong_ms += self._window_ms
+                self._gap_ms = 0.0
+            elif prob <= settings.threshold_low:
+                self._gap_ms += self._window_ms
+                if self._gap_ms >= CONFIRM_GAP_MS:
+                    self._strong_ms = 0.0
+        if detector.in_speech and not self._confirmed and self._strong_ms >= settings.barge_in_min_ms:
+            self._confirmed = True
+            return [Mark("confirmed")]
+        return []
 
     def _slice(self, start_ms: float, end_ms: float) -> bytes:
         begin = int((start_ms - self._buf_start_ms) * BYTES_PER_MS) & ~1
@@ -298,6 +330,11 @@ class VADDetector:
         self._start_ms: float | None = None  # first voiced window of the current candidate
         self._last_voiced_end_ms = 0.0  # end of the last individually voiced window
         self._last_have_voice_ms = 0.0  # last time the majority said "voice"
+
+    @property
+    def has_candidate(self) -> bool:
+        """Voiced windows are building up to a start (or an utterance is running)."""
+        return self._start_ms is not None
 
     @property
     def position_ms(self) -> float:

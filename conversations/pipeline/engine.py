@@ -28,6 +28,7 @@ from conversations.pipeline.listen import (
     POST_WAKE_MUTE_S,
     Hearing,
     HearingEvent,
+    SpeechConfirmed,
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
@@ -87,7 +88,11 @@ class VoiceEngine:
         self._hearing = Hearing(
             mill=CpuMill.for_executor(hear_pool or shared_executor()),
             vad=registry.shared("vad", config.vad, **config.providers.get(f"vad.{config.vad}", {})),
-            settings=VADSettings(persona.vad_threshold, persona.vad_threshold_low, float(persona.vad_min_silence_ms)),
+            settings=VADSettings(
+                persona.vad_threshold, persona.vad_threshold_low, float(persona.vad_min_silence_ms),
+                barge_in_min_ms=float(persona.barge_in_min_ms),
+                barge_in_min_probability=persona.barge_in_min_probability,
+            ),
             # An injected clock reaches the hearing too; the loop's own is read directly.
             on_event=self._on_hearing, clock=None if isinstance(self._clock, LoopClock) else self._clock.now,
             keep_packets=config.recording == "on",
@@ -104,6 +109,9 @@ class VoiceEngine:
         self._reply: ReplyHandle | None = None
         self._speculation: asyncio.Task[Speculation | None] | None = None
         self._greeting_go: asyncio.Event | None = None
+        # The utterance in progress began over a running reply and has not (yet) had enough
+        # speech to interrupt it: unless confirmed, it is not a turn (a cough, the echo).
+        self._over_reply = False
         self._listening = False  # between the device's `listen start` and `listen stop`
         self._turns = 0
         self._closed = False
@@ -187,19 +195,36 @@ class VoiceEngine:
             return
         if isinstance(event, SpeechStarted):
             self._ctx.voice_activity()
-            if self._ctx.listen_mode() == "realtime":
-                self._barge_in()
+            self._over_reply = self._reply_running()
+        elif isinstance(event, SpeechConfirmed):
+            self._barge_in()
         elif isinstance(event, SpeechPaused):
-            self._speculate(event.utterance)
+            if not self._over_reply:
+                self._speculate(event.utterance)
         elif isinstance(event, SpeechResumed):
             self._cancel_speculation()
         elif isinstance(event, SpeechStopped):
+            if self._over_reply:
+                self._over_reply = False
+                log.info("speech over the reply too short to interrupt it: ignored",
+                         extra={"speech_ms": round(event.utterance.speech_ms)})
+                return
             self._on_utterance(event.utterance)
 
-    def _barge_in(self) -> None:
+    def _reply_running(self) -> bool:
         reply = self._reply
-        if reply is not None and reply.allow_interruptions:
-            reply.interrupt("barge_in")
+        return reply is not None and not reply.done and not reply.interrupted
+
+    def _barge_in(self) -> None:
+        """Enough speech over a reply (realtime mode): interrupt it; the utterance goes on
+        and becomes the next turn, its first syllables included (the ear's pre-roll)."""
+        if not self._over_reply:
+            return
+        reply = self._reply
+        if self._ctx.listen_mode() != "realtime" or reply is None or not reply.allow_interruptions:
+            return  # not ours to cut: the utterance stays ignored
+        self._over_reply = False
+        reply.interrupt("barge_in")
 
     def _on_utterance(self, utterance: Utterance) -> None:
         self._ctx.voice_activity()

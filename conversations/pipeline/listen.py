@@ -13,6 +13,8 @@ VAD decides where an utterance ends) or without (manual mode: everything until `
 stop` is one utterance, `finish_manual`). The utterance keeps ~600 ms of audio before VAD
 fired, so the first syllable is not cut. A pause inside an utterance (`SpeechPaused`) lets
 the engine start ASR speculatively; if speech resumes (`SpeechResumed`) it is discarded.
+`SpeechConfirmed` says the utterance has had enough confident speech to interrupt a reply
+(the persona's barge-in settings): the engine interrupts on it, not on `SpeechStarted`.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ from conversations.providers.base import AEC, VAD
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "BYTES_PER_MS", "PREROLL_MS", "SAMPLE_RATE", "Hearing", "HearingEvent", "LagHistogram", "SpeechPaused",
+    "BYTES_PER_MS", "PREROLL_MS", "SAMPLE_RATE", "Hearing", "HearingEvent", "LagHistogram", "SpeechConfirmed",
+    "SpeechPaused",
     "SpeechResumed", "SpeechStarted", "SpeechStopped", "Utterance", "VADSettings",
 ]
 
@@ -64,6 +67,13 @@ class SpeechStarted:
 
 
 @dataclass(frozen=True)
+class SpeechConfirmed:
+    """The utterance has enough confident speech to interrupt a reply (barge-in settings)."""
+
+    at: float
+
+
+@dataclass(frozen=True)
 class SpeechPaused:
     utterance: Utterance
 
@@ -78,7 +88,7 @@ class SpeechStopped:
     utterance: Utterance
 
 
-HearingEvent = SpeechStarted | SpeechPaused | SpeechResumed | SpeechStopped
+HearingEvent = SpeechStarted | SpeechConfirmed | SpeechPaused | SpeechResumed | SpeechStopped
 
 
 _FLUSH = object()  # manual mode's `listen stop`, queued behind the audio it closes
@@ -259,6 +269,8 @@ class Hearing:
                 return  # start/pause/mute since the batch was taken: the rest is stale
             if mark.kind == "started":
                 self._on_event(SpeechStarted(now))
+            elif mark.kind == "confirmed":
+                self._on_event(SpeechConfirmed(now))
             elif mark.kind == "paused":
                 self._on_event(SpeechPaused(Utterance(mark.pcm, now, mark.speech_ms)))
             elif mark.kind == "resumed":
