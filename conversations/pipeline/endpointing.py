@@ -107,10 +107,12 @@ class Ear:
     def endpoint(self, probabilities: list[float]) -> list[Mark]:
         """Endpointing over the batch's window probabilities."""
         marks: list[Mark] = []
-        for event in self._detector.feed(probabilities):
-            marks.append(self._mark(event))
+        for prob in probabilities:  # window by window: the barge-in count follows the detector
+            for event in self._detector.feed([prob]):
+                marks.append(self._mark(event))
+            if self._confirm(prob):
+                marks.append(Mark("confirmed"))
         marks += self._pause_marks(probabilities)
-        marks += self._confirm_marks(probabilities)
         return marks + self._trim()
 
     def take_all(self) -> tuple[bytes, list[bytes]]:
@@ -171,25 +173,24 @@ class Ear:
             marks.append(Mark("paused", self._slice(self._utt_start_ms or 0.0, end)))
         return marks
 
-    def _confirm_marks(self, probabilities: list[float]) -> list[Mark]:
-        """"confirmed" once per utterance, when it has enough confident speech to interrupt."""
-        detector = self._detector
+    def _confirm(self, prob: float) -> bool:
+        """True once per utterance, at the window that gives it enough confident speech to
+        interrupt a reply."""
+        detector, settings = self._detector, self._settings
         if not detector.in_speech and not detector.has_candidate:
-            self._strong_ms, self._confirmed = 0.0, False  # a blip that died out
-            return []
-        settings = self._settings
-        for prob in probabilities:
-            if prob >= settings.barge_in_min_probability:
-                self._strong_ms += self._window_ms
-                self._gap_ms = 0.0
-            elif prob <= settings.threshold_low:
-                self._gap_ms += self._window_ms
-                if self._gap_ms >= CONFIRM_GAP_MS:
-                    self._strong_ms = 0.0
+            self._strong_ms, self._gap_ms, self._confirmed = 0.0, 0.0, False  # nothing, or a blip that died out
+            return False
+        if prob >= settings.barge_in_min_probability:
+            self._strong_ms += self._window_ms
+            self._gap_ms = 0.0
+        elif prob <= settings.threshold_low:
+            self._gap_ms += self._window_ms
+            if self._gap_ms >= CONFIRM_GAP_MS:
+                self._strong_ms = 0.0
         if detector.in_speech and not self._confirmed and self._strong_ms >= settings.barge_in_min_ms:
             self._confirmed = True
-            return [Mark("confirmed")]
-        return []
+            return True
+        return False
 
     def _slice(self, start_ms: float, end_ms: float) -> bytes:
         begin = int((start_ms - self._buf_start_ms) * BYTES_PER_MS) & ~1
