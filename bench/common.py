@@ -112,6 +112,38 @@ def core_share(cpu_seconds: float, seconds: float) -> str:
 # -- the server under test ------------------------------------------------------------------
 
 
+class ServerMode:
+    """Which ASGI server, how many workers (xiaozhi_site/webserver.py), and the Redis that links
+    several workers (its database is flushed before each server start: stale channel-layer
+    groups and presence keys of an earlier run must not count)."""
+
+    def __init__(self, server: str = "daphne", workers: int = 1, redis_url: str = "") -> None:
+        self.server, self.workers, self.redis_url = server, workers, redis_url
+        if workers > 1 and not redis_url:
+            raise SystemExit("--workers > 1 needs Redis: pass --redis redis://127.0.0.1:6379/<db> (or set REDIS_URL)")
+
+    @property
+    def label(self) -> str:
+        return f"{self.server} x{self.workers}"
+
+    def env(self) -> dict[str, str]:
+        env = {"XIAOZHI_ASGI_SERVER": self.server, "XIAOZHI_WORKERS": str(self.workers)}
+        if self.redis_url:
+            env["REDIS_URL"] = self.redis_url
+        return env
+
+    def flush_redis(self) -> None:
+        if self.redis_url:
+            import redis
+
+            redis.Redis.from_url(self.redis_url).flushdb()
+
+
+def server_modes(servers: str, workers: int, redis_url: str) -> list[ServerMode]:
+    """`--servers daphne,uvicorn --workers N`: one mode per server."""
+    return [ServerMode(kind.strip(), workers, redis_url) for kind in servers.split(",") if kind.strip()]
+
+
 class BenchServer:
     """A migrated temporary data directory and the running server on it.
 
@@ -121,12 +153,13 @@ class BenchServer:
     """
 
     def __init__(self, *, persona: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-                 prefix: str = "bench-") -> None:
+                 prefix: str = "bench-", server: str = "daphne", workers: int = 1, redis_url: str = "") -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
         self.data_dir = Path(self._tmp.name)
         self.db_path = self.data_dir / "db.sqlite3"
         self.persona = persona or {}
         self.extra_env = env or {}
+        self.mode = ServerMode(server, workers, redis_url)
         self.server: AsgiServer | None = None
         self.runs = 0
 
@@ -143,6 +176,7 @@ class BenchServer:
             "XIAOZHI_WS_AUTH": "open",
             "XIAOZHI_UNBOUND_POLICY": "allow",
             "XIAOZHI_PROVIDER_PLUGINS": "testing.fake_providers",
+            **self.mode.env(),
             **self.extra_env,
         }
 
@@ -160,6 +194,7 @@ class BenchServer:
 
     def start(self) -> AsgiServer:
         self.runs += 1
+        self.mode.flush_redis()
         self.server = AsgiServer(env=self.env(), log_path=self.data_dir / f"server-{self.runs}.log").start(60)
         return self.server
 
@@ -186,6 +221,14 @@ class BenchServer:
     def pid(self) -> int:
         assert self.server is not None and self.server.process is not None
         return self.server.process.pid
+
+    def cpu_seconds(self) -> float:
+        """CPU of every server process so far (the workers and their supervisor)."""
+        return tree_cpu_seconds(self.pid)
+
+    def loop_cpu_seconds(self) -> float:
+        """CPU of the servers' main threads, where their event loops run."""
+        return sum(thread_cpu_seconds(pid, pid) for pid in server_pids(self.pid))
 
     def __enter__(self) -> BenchServer:
         self.prepare()
@@ -253,6 +296,47 @@ def rss_bytes(pid: int, include_children: bool = True) -> int:
         if include_children:
             pids.extend(_children(current))
     return total
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        pending.extend(_children(current))
+    return found
+
+
+def server_pids(pid: int) -> list[int]:
+    """The ASGI server processes in the tree of `pid` (the workers, or `pid` itself)."""
+    servers = []
+    for candidate in process_tree(pid):
+        try:
+            cmdline = Path(f"/proc/{candidate}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"daphne" in cmdline or b"uvicorn" in cmdline:
+            servers.append(candidate)
+    return servers or [pid]
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    total = 0.0
+    for member in process_tree(pid):
+        try:
+            total += cpu_seconds(member)
+        except OSError:
+            pass
+    return total
+
+
+def thread_cpu_seconds(pid: int, tid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -30,6 +30,32 @@ FRAME_SAMPLES = RATE * 60 // 1000
 SPEECH_RMS = 300.0  # s16 units (about -40 dBFS): a frame above this is speech
 
 
+ROOM_NOISE_RMS = 80.0  # s16 units (about -52 dBFS): a quiet living room at the device's mic
+
+
+def room_noise(ms: int, *, rms: float = ROOM_NOISE_RMS, seed: int = 7) -> bytes:
+    """Room noise as 16 kHz s16 PCM: pink noise (1/f, like ventilation and traffic) with a faint
+    mains hum. Encoded without DTX it stays full-size Opus packets, as a real room does."""
+    rng = np.random.default_rng(seed)
+    count = RATE * ms // 1000
+    spectrum = np.fft.rfft(rng.standard_normal(count))
+    freqs = np.fft.rfftfreq(count, 1 / RATE)
+    spectrum[1:] /= np.sqrt(freqs[1:])  # white → pink
+    spectrum[0] = 0
+    noise = np.fft.irfft(spectrum, count)
+    noise += 0.15 * np.sin(2 * np.pi * 100 * np.arange(count) / RATE) * noise.std()
+    noise *= rms / noise.std()
+    return np.clip(noise, -32768, 32767).astype("<i2").tobytes()
+
+
+def with_room_noise(pcm: bytes, *, rms: float = ROOM_NOISE_RMS, seed: int = 7) -> bytes:
+    """`pcm` with room noise under it, for the whole length (speech and pauses alike)."""
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32)
+    noise = np.frombuffer(room_noise(len(samples) * 1000 // RATE + 1, rms=rms, seed=seed), dtype="<i2")
+    mixed = samples + noise[: len(samples)].astype(np.float32)
+    return np.clip(mixed, -32768, 32767).astype("<i2").tobytes()
+
+
 def mac_for(index: int, prefix: int = 0xBE) -> str:
     value = (prefix << 40) | index
     return ":".join(f"{(value >> shift) & 0xFF:02x}" for shift in range(40, -8, -8))
@@ -97,6 +123,8 @@ class LightDevice:
         self.sent = 0  # uplink packets
         self.mcp_answered = 0  # MCP requests of the server answered
         self.errors: list[str] = []
+        self.close_code: int | None = None  # the server's close frame, if it sent one
+        self.close_reason = ""
         self._hello: asyncio.Future[float] | None = None
         self._event = asyncio.Event()
         self._receiver: asyncio.Task[None] | None = None
@@ -120,7 +148,15 @@ class LightDevice:
         self._hello = asyncio.get_running_loop().create_future()
         started = time.perf_counter()
         await self.ws.send(self.hello_text())
-        await asyncio.wait_for(self._hello, timeout)
+        closed = asyncio.ensure_future(self.closed.wait())
+        try:  # a refused socket (e.g. 1013) ends the wait at once, not at the timeout
+            await asyncio.wait({self._hello, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if not self._hello.done():
+            if self.closed.is_set():
+                raise ConnectionError(f"closed before the hello: {self.close_code} {self.close_reason}")
+            raise TimeoutError(f"no server hello within {timeout} s")
         return time.perf_counter() - started
 
     async def close(self) -> None:
@@ -201,6 +237,8 @@ class LightDevice:
         except Exception as exc:  # noqa: BLE001 - record, never crash the load
             self.errors.append(f"{type(exc).__name__}: {exc}")
         finally:
+            if ws.close_rcvd is not None:
+                self.close_code, self.close_reason = ws.close_rcvd.code, ws.close_rcvd.reason
             self.closed.set()
             self._wake()
 

@@ -1,7 +1,7 @@
 """Admin for personas (what a device is) and conversation history (what it said).
 
-Provider lists are edited as ordered, comma-separated kinds checked against the provider
-registry, so a persona can never name a provider the code does not know. History is
+A persona's provider chains are ordered lists of provider configurations, edited inline
+(conversations/admin_providers.py, which also holds the configurations' own admin). History is
 read-only: it is evidence, edited by nobody. A conversation opens as a chat page
 (templates/admin/conversations/conversation/review.html, data from conversations/review.py)
 with its audio served by conversations/audio_views.py and a JSON export beside it.
@@ -21,11 +21,17 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
-from django.utils.text import format_lazy
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from conversations.admin_providers import (
+    CHAIN_INLINES,
+    chain_formset_kwargs,
+    chains_summary,
+    persona_test_view,
+    staff_async_view,
+)
 from conversations.admin_filters import (
     HAS_ERROR,
     INTERRUPTED,
@@ -40,7 +46,6 @@ from conversations.admin_filters import (
 from conversations.audio_views import turn_audio
 from conversations.gateway.keys import gateway_key_issue, gateway_keys_disconnect, gateway_keys_revoke
 from conversations.models import Conversation, GatewayKey, Persona, Turn
-from conversations.providers import registry
 from conversations.review import (
     TURNS_PER_PAGE,
     conversation_export,
@@ -52,36 +57,6 @@ from devices.models import Device
 from tools.builtin import BUILTIN_TOOLS
 
 _TRUNCATE = 80
-
-
-class KindListField(forms.CharField):
-    """An ordered list of provider kinds, typed as "edge, espeak" (first = preferred)."""
-
-    def __init__(self, stage: str, **kwargs: Any) -> None:
-        self.stage = stage
-        known = ", ".join(registry.REGISTRY[stage])
-        # Lazy so the text follows each request's language; the kinds are identifiers.
-        kwargs.setdefault("help_text", format_lazy(_("In fallback order, comma-separated. Known: {known}."), known=known))
-        super().__init__(**kwargs)
-
-    def prepare_value(self, value: Any) -> Any:
-        if isinstance(value, str) and value.startswith("["):
-            value = json.loads(value)  # a re-rendered bound form gives the JSON text back
-        return ", ".join(value) if isinstance(value, (list, tuple)) else value
-
-    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
-        text = super().to_python(value)
-        return [kind.strip() for kind in text.replace("\n", ",").split(",") if kind.strip()]
-
-    def validate(self, value: list[str]) -> None:  # type: ignore[override]
-        if not value:
-            raise forms.ValidationError(gettext("Name at least one provider."))
-        unknown = [kind for kind in value if kind not in registry.REGISTRY[self.stage]]
-        if unknown:
-            raise forms.ValidationError(gettext("Unknown %(stage)s providers: %(kinds)s.") % {
-                "stage": self.stage.upper(), "kinds": ", ".join(unknown)})
-        if len(set(value)) != len(value):
-            raise forms.ValidationError(gettext("Each provider may appear only once."))
 
 
 class LineListField(forms.CharField):
@@ -99,9 +74,6 @@ class LineListField(forms.CharField):
 
 
 class PersonaAdminForm(forms.ModelForm):
-    asr_providers = KindListField("asr", label=_("ASR providers"))
-    llm_providers = KindListField("llm", label=_("LLM providers"))
-    tts_providers = KindListField("tts", label=_("TTS providers"))
     exit_phrases = LineListField(
         label=_("Exit phrases"), required=False, help_text=_("One per line; matched without case or punctuation.")
     )
@@ -132,6 +104,7 @@ class PersonaAdminForm(forms.ModelForm):
 @admin.register(Persona)
 class PersonaAdmin(admin.ModelAdmin):
     form = PersonaAdminForm
+    inlines = CHAIN_INLINES
     list_display = ("name", "language", "llm_model", "providers", "is_default", "updated_at")
     list_filter = ("language", "is_default")
     search_fields = ("name", "description")
@@ -141,7 +114,7 @@ class PersonaAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "description", "is_default")}),
         (_("Prompt and phrases"), {"fields": ("system_prompt", "language", "greeting", "farewell", "exit_phrases")}),
         (_("Voice and models"), {"fields": (
-            "voice", "asr_providers", "llm_providers", "tts_providers", "llm_model", "temperature",
+            "voice", "llm_model", "temperature",
             "max_tokens", "context_turns",
         )}),
         (_("Turn-taking (voice activity detection)"), {"fields": (
@@ -160,10 +133,19 @@ class PersonaAdmin(admin.ModelAdmin):
         (_("Record"), {"classes": ("collapse",), "fields": ("created_at", "updated_at")}),
     )
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Persona]:
+        return super().get_queryset(request).prefetch_related("provider_links__config")
+
+    def get_urls(self) -> list[URLPattern]:
+        view = staff_async_view("conversations.change_persona")(persona_test_view)
+        return [path("<path:object_id>/test/", view, name="conversations_persona_test"), *super().get_urls()]
+
+    def get_formset_kwargs(self, request: HttpRequest, obj: Any, inline: Any, prefix: str) -> dict[str, Any]:
+        return {**super().get_formset_kwargs(request, obj, inline, prefix), **chain_formset_kwargs(inline, obj)}
+
     @admin.display(description="ASR / LLM / TTS")
     def providers(self, persona: Persona) -> str:
-        stages = (persona.asr_providers, persona.llm_providers, persona.tts_providers)
-        return " / ".join(" → ".join(kinds or []) for kinds in stages)
+        return chains_summary(persona)
 
 
 # --- Conversation review ------------------------------------------------------------------------

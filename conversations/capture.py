@@ -7,8 +7,14 @@ Provider attempts, as stored in `Turn.provider_attempts` (one list per stage, in
 providers were tried; TTS and LLM may have several entries per kind, one per call):
 
     {"asr": [{"kind": "faster_whisper", "ok": true, "ms": 310.0}],
+     "llm": [{"kind": "openai", "config": "DeepSeek", "ok": false, "error": "ProviderError", "ms": 40.0},
+             {"kind": "openai", "config": "Local Ollama", "ok": true, "ms": 420.0}],
      "tts": [{"kind": "edge", "ok": false, "error": "ClientConnectorDNSError", "ms": 12.0},
              {"kind": "espeak", "ok": true, "ms": 15.0}]}
+
+`config` names the provider configuration (conversations.ProviderConfig) that was tried, so
+two endpoints of the same kind can be told apart; it is left out when the chain was built
+from bare kinds (tests, benchmarks).
 
 `ms` is how long the attempt took to answer (ASR: the transcription; LLM: its first token;
 TTS: a sentence's first audio); for a failure, the time lost before the next provider was
@@ -113,9 +119,13 @@ class ProviderAttempt:
     ok: bool
     ms: float
     error: str = ""
+    config: str = ""  # the ProviderConfig's name, when the chain was built from configs
 
     def as_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"kind": self.kind, "ok": self.ok, "ms": round(self.ms, 1)}
+        data: dict[str, Any] = {"kind": self.kind}
+        if self.config:
+            data["config"] = self.config
+        data.update({"ok": self.ok, "ms": round(self.ms, 1)})
         if not self.ok:
             data["error"] = self.error[:MAX_ERROR_CHARS] or "error"
         return data
@@ -138,23 +148,24 @@ class AttemptLog:
         attempts.append(attempt)
         return attempt
 
-    def served(self, stage: str, kind: str, ms: float) -> ProviderAttempt | None:
+    def served(self, stage: str, kind: str, ms: float, config: str = "") -> ProviderAttempt | None:
         """Record a success; returns its entry (None when collapsed into the previous one)."""
         previous = self.stages.get(stage)
-        if stage in COLLAPSED_STAGES and previous and previous[-1].ok and previous[-1].kind == kind:
+        if (stage in COLLAPSED_STAGES and previous and previous[-1].ok and previous[-1].kind == kind
+                and previous[-1].config == config):
             return None
-        return self.add(stage, ProviderAttempt(kind=kind, ok=True, ms=ms))
+        return self.add(stage, ProviderAttempt(kind=kind, ok=True, ms=ms, config=config))
 
-    def failed(self, stage: str, kind: str, error: BaseException | str, ms: float) -> None:
-        self.add(stage, ProviderAttempt(kind=kind, ok=False, ms=ms, error=_error_name(error)))
+    def failed(self, stage: str, kind: str, error: BaseException | str, ms: float, config: str = "") -> None:
+        self.add(stage, ProviderAttempt(kind=kind, ok=False, ms=ms, error=_error_name(error), config=config))
 
     def broke(self, stage: str, entry: ProviderAttempt | None, kind: str, error: BaseException | str,
-              ms: float) -> None:
+              ms: float, config: str = "") -> None:
         """A stream that answered (`entry`, from `served`) and then failed: that success
         becomes a failure, so a model that stalled after its first token reads as failed and
         not as "served, then failed". A collapsed success (None) gets a failure of its own."""
         attempts = self.stages.get(stage, [])
-        failure = ProviderAttempt(kind=kind, ok=False, ms=ms, error=_error_name(error))
+        failure = ProviderAttempt(kind=kind, ok=False, ms=ms, error=_error_name(error), config=config)
         for position in range(len(attempts) - 1, -1, -1):
             if attempts[position] is entry:
                 attempts[position] = failure
@@ -197,5 +208,7 @@ def _attempt(entry: object) -> ProviderAttempt | None:
     ms = entry.get("ms", 0)
     ms = float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else 0.0
     error = entry.get("error", "")
+    config = entry.get("config")
     return ProviderAttempt(kind=entry["kind"][:64], ok=entry.get("ok") is True, ms=max(ms, 0.0),
-                           error=str(error)[:MAX_ERROR_CHARS] if error else "")
+                           error=str(error)[:MAX_ERROR_CHARS] if error else "",
+                           config=config[:100] if isinstance(config, str) else "")

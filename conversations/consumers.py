@@ -23,6 +23,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from conversations.admission import admission
 from conversations.pipeline.aio import TaskSet
 from conversations.pipeline.config import SessionConfig
 from conversations.pipeline.contracts import EngineContext, VoiceEngine
@@ -80,6 +81,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         auth: DeviceAuthResult = self.scope.get("device_auth") or NOT_AUTHENTICATED
         if not auth.ok or auth.device is None:
             await self._refuse(auth.close_code or CloseCode.AUTH_FAILED, auth.reason or "refused")
+            return
+        busy = admission().admit()
+        if busy is not None:  # past capacity: the devices already here stay real time
+            await self._refuse(CloseCode.TRY_AGAIN_LATER, busy)
             return
         if not self._take_slot(auth.bound):
             logger.warning("device connection refused: too many connections", extra={"bound": auth.bound})

@@ -1,6 +1,11 @@
-"""Personas, conversation history and LLM Gateway API keys."""
+"""Personas, their provider configurations, conversation history and LLM Gateway API keys."""
 from __future__ import annotations
 
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -8,6 +13,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from conversations.providers import registry
+from conversations.providers.options import OptionsError, validate_options
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are {persona_name}, a friendly voice assistant on a small device. "
@@ -23,6 +29,7 @@ LANGUAGES = [
 ]
 
 
+# Defaults of the kind lists personas had before ProviderConfig (migrations 0001-0011 use them).
 def _default_asr() -> list[str]:
     return ["faster_whisper"]
 
@@ -32,7 +39,114 @@ def _default_llm() -> list[str]:
 
 
 def _default_tts() -> list[str]:
-    return ["edge", "espeak"]
+    return ["edge", "piper", "espeak"]  # Piper: the natural offline voice (English bundled)
+
+
+# What a stage's chain is when a persona has none configured (a persona made in code).
+DEFAULT_CHAINS: dict[str, list[str]] = {"asr": ["faster_whisper"], "llm": ["openai"], "tts": _default_tts()}
+CHAIN_STAGES = ("asr", "llm", "tts")
+KIND_LIST_NAMES = frozenset({"asr_providers", "llm_providers", "tts_providers"})
+ENV_KEY = re.compile(r"^env:([A-Za-z_][A-Za-z0-9_]{0,99})$")
+MIN_TIMEOUT, MAX_TIMEOUT = 0.5, 600.0
+
+
+def validate_base_url(value: str) -> None:
+    """http(s) with a host; no credentials in the URL (they belong in the API key, which is
+    never shown). Docker service names ("http://ollama:11434/v1") are fine."""
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValidationError(_("Enter a valid URL."), code="invalid") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+        raise ValidationError(_("Enter an http:// or https:// URL with a host name."), code="invalid")
+    if parts.username or parts.password:
+        raise ValidationError(_("Put the key in the API key field, not in the URL."), code="credentials")
+
+
+KEY_NAME_SUFFIXES = ("_API_KEY", "_TOKEN")
+
+
+def validate_api_key(value: str) -> None:
+    """`env:NAME` must name a key variable: the server's own secrets (DJANGO_SECRET_KEY,
+    DATABASE_URL) must not be sendable to an endpoint an operator typed in."""
+    if not value.startswith("env:"):
+        return
+    match = ENV_KEY.match(value)
+    if match is None:
+        raise ValidationError(_("An environment reference looks like env:DEEPSEEK_API_KEY."), code="env")
+    if not match.group(1).upper().endswith(KEY_NAME_SUFFIXES):
+        raise ValidationError(_("Only variables whose names end in _API_KEY or _TOKEN can be referenced."),
+                              code="env_name")
+
+
+class ProviderConfig(models.Model):
+    """One endpoint (or local engine) of a stage: what `registry.build` gets to make a
+    provider. Personas list configs per stage in order (PersonaProvider); the fallback chain
+    tries them in that order. Empty fields take the environment's defaults for the kind
+    (LLM_BASE_URL, TTS_TIMEOUT, …), so the configs seeded from the environment stay in step
+    with it. The API key is stored as given, or as `env:NAME` to be read from the
+    environment when a session starts; it is never shown back (admin: "set / not set")."""
+
+    STAGES = [("asr", _("Speech recognition (ASR)")), ("llm", _("Language model (LLM)")),
+              ("tts", _("Speech synthesis (TTS)")), ("vision", _("Vision"))]
+
+    name = models.CharField(_("name"), max_length=100, unique=True)
+    stage = models.CharField(_("stage"), max_length=10, choices=STAGES)
+    kind = models.CharField(_("kind"), max_length=40, help_text=_("The provider implementation."))
+    base_url = models.CharField(
+        _("base URL"), max_length=300, blank=True, validators=[validate_base_url],
+        help_text=_("e.g. https://api.deepseek.com/v1. Empty: the environment's default for this kind."),
+    )
+    api_key = models.CharField(_("API key"), max_length=500, blank=True, validators=[validate_api_key])
+    model = models.CharField(
+        _("model"), max_length=200, blank=True,
+        help_text=_("LLM: the model name; ASR faster_whisper: a model directory. Empty: the default."),
+    )
+    voice = models.CharField(
+        _("voice"), max_length=100, blank=True, help_text=_("TTS: used when the persona names no voice."),
+    )
+    timeout = models.FloatField(
+        _("timeout (seconds)"), null=True, blank=True,
+        validators=[MinValueValidator(MIN_TIMEOUT), MaxValueValidator(MAX_TIMEOUT)],
+        help_text=_("Empty: the stage's default (ASR_TIMEOUT, LLM_TIMEOUT, TTS_TIMEOUT)."),
+    )
+    options = models.JSONField(_("options"), default=dict, blank=True,
+                               help_text=_("Options only this kind understands, as a JSON object."))
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+
+    class Meta:
+        ordering = ["stage", "name"]
+        verbose_name = _("provider configuration")
+        verbose_name_plural = _("provider configurations")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<ProviderConfig {self.pk}: {self.stage}.{self.kind} {self.name!r}>"  # never the key
+
+    def clean(self) -> None:
+        errors: dict[str, Any] = {}
+        if self.stage and self.kind not in registry.REGISTRY.get(self.stage, {}):
+            known = ", ".join(registry.REGISTRY.get(self.stage, {})) or "-"
+            errors["kind"] = gettext("Unknown %(stage)s provider %(kind)r. Known: %(known)s.") % {
+                "stage": self.stage.upper(), "kind": self.kind, "known": known}
+        elif self.stage:
+            try:
+                self.options = validate_options(self.stage, self.kind, self.options)
+            except OptionsError as exc:
+                errors["options"] = gettext("Options do not fit %(kind)s: %(problems)s") % {
+                    "kind": self.kind, "problems": "; ".join(exc.problems)}
+        if errors:
+            raise ValidationError(errors)
+
+    @property
+    def key_env_name(self) -> str:
+        """The environment variable the key is read from ("" when stored or empty)."""
+        match = ENV_KEY.match(self.api_key)
+        return match.group(1) if match else ""
 
 
 class Persona(models.Model):
@@ -53,10 +167,7 @@ class Persona(models.Model):
         _("voice"), max_length=100, blank=True, help_text=_("TTS voice; empty picks one for the language.")
     )
 
-    # Ordered fallback lists of provider kinds (see conversations/providers/registry.py).
-    asr_providers = models.JSONField(_("ASR providers"), default=_default_asr)
-    llm_providers = models.JSONField(_("LLM providers"), default=_default_llm)
-    tts_providers = models.JSONField(_("TTS providers"), default=_default_tts)
+    # Ordered fallback lists of provider configurations: PersonaProvider rows.
 
     llm_model = models.CharField(
         _("LLM model"), max_length=100, blank=True, help_text=_("Empty: LLM_MODEL from the environment.")
@@ -133,6 +244,65 @@ class Persona(models.Model):
     @staticmethod
     def provider_choices(stage: str) -> list[tuple[str, str]]:
         return registry.choices(stage)
+
+    def chain(self, stage: str) -> list[ProviderConfig]:
+        """The stage's configurations, in fallback order."""
+        links = self.provider_links.filter(config__stage=stage).select_related("config").order_by("position", "pk")
+        return [link.config for link in links]
+
+    # Kind lists, as personas had them before ProviderConfig: read as the kinds of the
+    # chain; set (Persona(tts_providers=["espeak"]), factories, benchmarks, old data
+    # migrations) to point the chain at each kind's default configuration when saved.
+    def _kinds(self, stage: str) -> list[str]:
+        pending = getattr(self, "_pending_kinds", {})
+        if stage in pending:
+            return list(pending[stage])
+        kinds = [config.kind for config in self.chain(stage)] if self.pk else []
+        return kinds or list(DEFAULT_CHAINS[stage])  # no chain: the defaults run
+
+    def _set_kinds(self, stage: str, kinds: list[str]) -> None:
+        self.__dict__.setdefault("_pending_kinds", {})[stage] = list(kinds)
+
+    asr_providers = property(lambda self: self._kinds("asr"), lambda self, v: self._set_kinds("asr", v))
+    llm_providers = property(lambda self: self._kinds("llm"), lambda self, v: self._set_kinds("llm", v))
+    tts_providers = property(lambda self: self._kinds("tts"), lambda self, v: self._set_kinds("tts", v))
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        fields = kwargs.get("update_fields")
+        if fields is not None:  # save(update_fields=["tts_providers"]): the chain, no column
+            kwargs["update_fields"] = [f for f in fields if f not in KIND_LIST_NAMES]
+        if fields is None or kwargs["update_fields"]:
+            super().save(*args, **kwargs)
+        pending = self.__dict__.pop("_pending_kinds", None)
+        if pending:
+            from conversations.provider_configs import persona_chain_set_kinds  # noqa: PLC0415 - it imports models
+
+            for stage, kinds in pending.items():
+                persona_chain_set_kinds(persona=self, stage=stage, kinds=kinds)
+
+
+class PersonaProvider(models.Model):
+    """A persona's use of a provider configuration: its place in the stage's chain (the
+    stage is the configuration's). A configuration in use cannot be deleted."""
+
+    persona = models.ForeignKey(Persona, on_delete=models.CASCADE, related_name="provider_links",
+                                verbose_name=_("persona"))
+    config = models.ForeignKey(ProviderConfig, on_delete=models.PROTECT, related_name="persona_links",
+                               verbose_name=_("provider configuration"))
+    position = models.PositiveSmallIntegerField(_("position"), default=0)
+
+    class Meta:
+        ordering = ["persona", "position", "pk"]
+        verbose_name = _("provider in the chain")
+        verbose_name_plural = _("providers in the chain")
+        constraints = [
+            models.UniqueConstraint(fields=["persona", "config"], name="persona_provider_once"),
+        ]
+
+    def __str__(self) -> str:
+        # Listed by the delete page of a protected configuration: say where it is used.
+        return gettext("the %(stage)s chain of the persona “%(persona)s”") % {
+            "stage": self.config.stage.upper(), "persona": self.persona.name}
 
 
 AUDIO_UPLOAD_TO = "turns/%Y/%m/%d/"

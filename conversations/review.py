@@ -239,7 +239,9 @@ def stage_attempts(data: object) -> list[StageAttempts]:
     for stage in ordered:
         kinds: dict[str, list[Any]] = {}
         for attempt in stages[stage]:
-            kinds.setdefault(attempt.kind, []).append(attempt)
+            # Two configurations of one kind (two OpenAI-compatible endpoints) are told apart.
+            label = f"{attempt.config} · {attempt.kind}" if attempt.config else attempt.kind
+            kinds.setdefault(label, []).append(attempt)
         result.append(StageAttempts(stage=stage, label=str(STAGE_LABELS.get(stage, stage)), kinds=tuple(
             KindAttempts(
                 kind=kind, ok=sum(a.ok for a in tried), failed=sum(not a.ok for a in tried),

@@ -15,6 +15,7 @@ from django.conf import settings
 
 from conversations.models import Persona
 from conversations.pipeline.config import DeviceInfo, PersonaConfig, SessionConfig
+from conversations.provider_configs import env_provider_options, persona_chain_specs
 from conversations.recording import recording_mode
 from devices.addresses import header_value, scope_client_address  # noqa: F401  (re-exported)
 from devices.auth import DeviceAuthResult
@@ -43,12 +44,12 @@ def persona_for_device(device: Device | None) -> Persona:
     return persona_default()
 
 
-def persona_config(persona: Persona) -> PersonaConfig:
+def persona_config(persona: Persona, env_options: dict[str, dict[str, Any]] | None = None) -> PersonaConfig:
     characters = Persona.objects.exclude(pk=persona.pk).values("name", "description")[:MAX_CHARACTERS]
+    chains = persona_chain_specs(persona, env_provider_options() if env_options is None else env_options)
     return PersonaConfig(
         name=persona.name, system_prompt=persona.system_prompt, language=persona.language,
-        voice=persona.voice, asr=_strings(persona.asr_providers), llm=_strings(persona.llm_providers),
-        tts=_strings(persona.tts_providers), llm_model=persona.llm_model,
+        voice=persona.voice, asr=chains["asr"], llm=chains["llm"], tts=chains["tts"], llm_model=persona.llm_model,
         temperature=persona.temperature, max_tokens=persona.max_tokens,
         context_turns=persona.context_turns, vad_threshold=persona.vad_threshold,
         vad_threshold_low=persona.vad_threshold_low, vad_min_silence_ms=persona.vad_min_silence_ms,
@@ -65,29 +66,8 @@ def persona_config(persona: Persona) -> PersonaConfig:
 
 
 def provider_settings() -> dict[str, dict[str, Any]]:
-    """Constructor options per provider, keyed "<stage>.<kind>" (kinds repeat across stages).
-
-    OpenAI-compatible ASR/TTS appear only when their base URL is set: without one they
-    cannot work, and leaving them out makes the fallback chain skip them with a log line.
-    """
-    options: dict[str, dict[str, Any]] = {
-        "llm.openai": {"base_url": settings.LLM_BASE_URL, "api_key": settings.LLM_API_KEY,
-                       "timeout": settings.LLM_TIMEOUT},
-        "asr.faster_whisper": {"model": settings.ASR_WHISPER_MODEL,
-                               "compute_type": settings.ASR_WHISPER_COMPUTE_TYPE,
-                               "threads": settings.ASR_WHISPER_THREADS,
-                               "max_concurrency": settings.ASR_MAX_CONCURRENCY,
-                               "timeout": settings.ASR_TIMEOUT},
-        "tts.edge": {"connect_timeout": settings.TTS_EDGE_CONNECT_TIMEOUT, "timeout": settings.TTS_TIMEOUT},
-        "tts.espeak": {"binary": settings.ESPEAK_BINARY, "timeout": settings.TTS_TIMEOUT},
-    }
-    if settings.ASR_OPENAI_BASE_URL:
-        options["asr.openai"] = {"base_url": settings.ASR_OPENAI_BASE_URL, "api_key": settings.ASR_OPENAI_API_KEY,
-                                 "model": settings.ASR_OPENAI_MODEL, "timeout": settings.ASR_TIMEOUT}
-    if settings.TTS_OPENAI_BASE_URL:
-        options["tts.openai"] = {"base_url": settings.TTS_OPENAI_BASE_URL, "api_key": settings.TTS_OPENAI_API_KEY,
-                                 "model": settings.TTS_OPENAI_MODEL, "timeout": settings.TTS_TIMEOUT}
-    return options
+    """The environment's options per "<stage>.<kind>" (conversations/provider_configs.py)."""
+    return env_provider_options()
 
 
 def device_info(device: Device, auth: DeviceAuthResult) -> DeviceInfo:
@@ -103,13 +83,14 @@ def session_config_for(
 ) -> SessionConfig:
     """Everything one device session needs, read once at connect."""
     persona = persona or persona_for_device(device)
-    persona_cfg = persona_config(persona)
+    env_options = env_provider_options()
+    persona_cfg = persona_config(persona, env_options)
     base_url = (settings.XIAOZHI_PUBLIC_BASE_URL or request_base_url).rstrip("/")
     return SessionConfig(
         session_id=str(uuid.uuid4()),
         device=device_info(device, auth),
         persona=persona_cfg,
-        providers=provider_settings(),
+        providers=env_options,
         llm_model=settings.LLM_MODEL,
         downlink_sample_rate=int(settings.XIAOZHI_DOWNLINK_SAMPLE_RATE),
         hello_timeout=settings.XIAOZHI_HELLO_TIMEOUT_SECONDS,

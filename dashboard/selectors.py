@@ -19,6 +19,7 @@ from django.utils import dateformat, timezone
 from django.utils.translation import gettext_lazy as _
 
 from conversations.models import Conversation, Persona
+from conversations.provider_configs import persona_first_kinds
 from dashboard import histogram
 from dashboard.rows import HOUR, Scope, floor_hour, rolled_until, rollup_group_turns, rollups_between, turn_rows
 from dashboard.stats import FAILED_STAGES, PROVIDER_STAGES, Aggregate, GroupKey, LastError
@@ -277,12 +278,7 @@ def _stage_failures(aggregate: Aggregate) -> list[StageFailure]:
 
 
 def _first_choices(persona_ids: set[int]) -> dict[int, dict[str, str]]:
-    firsts: dict[int, dict[str, str]] = {}
-    fields = ("pk", "asr_providers", "llm_providers", "tts_providers")
-    for pk, *lists in Persona.objects.filter(pk__in=persona_ids).values_list(*fields):
-        firsts[pk] = {stage: (kinds[0] if isinstance(kinds, list) and kinds else "")
-                      for stage, kinds in zip(PROVIDER_STAGES, lists)}
-    return firsts
+    return persona_first_kinds(persona_ids)
 
 
 def _providers(groups: dict[GroupKey, int]) -> list[ProviderRow]:

@@ -14,8 +14,9 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from conversations.models import Persona, Turn
+from conversations.models import Turn
 from conversations.pipeline.phrases import PHRASES
+from conversations.provider_configs import persona_first_kinds
 from dashboard.expressions import JsonNumber
 from dashboard.rows import Scope, turns_between
 from dashboard.selectors import range_start
@@ -96,11 +97,8 @@ def _fallback_q(stage: str, kind: str, scope: Scope) -> Q:
     """Device turns of personas naming `kind` first for the stage, served (in part) by another
     provider: the rule of the providers table (selectors._providers)."""
     assert stage in PROVIDER_STAGES
-    personas = Persona.objects.all()
-    if scope.persona_id is not None:
-        personas = personas.filter(pk=scope.persona_id)
-    chosen = [pk for pk, kinds in personas.values_list("pk", f"{stage}_providers")
-              if isinstance(kinds, list) and kinds and kinds[0] == kind]
+    firsts = persona_first_kinds(None if scope.persona_id is None else [scope.persona_id])
+    chosen = [pk for pk, stages in firsts.items() if stages.get(stage) == kind]
     recorded = f"providers__{stage}"
     return (Q(conversation__source="device", conversation__persona_id__in=chosen, providers__has_key=stage)
             & ~Q(**{recorded: ""}) & ~Q(**{recorded: kind}))

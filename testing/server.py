@@ -1,6 +1,14 @@
 """Run the real ASGI server (daphne) in a subprocess on a loopback port, for end-to-end tests
 and benchmarks. The child shares the test database, so tests must use committed data
-(`django_db(transaction=True)`)."""
+(`django_db(transaction=True)`).
+
+The server's environment chooses the mode, as in production: `XIAOZHI_WORKERS=N` (N > 1, with
+REDIS_URL) starts N workers on the port under the runner's supervisor
+(`python -m xiaozhi_site.runner --web-only`); `XIAOZHI_ASGI_SERVER=uvicorn` swaps daphne for
+uvicorn (measurements only, xiaozhi_site/webserver.py). Setting them in the test process's
+own environment runs a whole e2e suite against that mode, e.g.
+`XIAOZHI_WORKERS=2 REDIS_URL=redis://127.0.0.1:6379/7 pytest -m e2e`.
+"""
 from __future__ import annotations
 
 import os
@@ -75,14 +83,29 @@ class AsgiServer:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
+    @property
+    def workers(self) -> int:
+        """1 unless XIAOZHI_WORKERS says otherwise: unlike `make run`, tests do not default to
+        one worker per core when REDIS_URL is set (limits per process, logs of one process)."""
+        from xiaozhi_site.webserver import worker_count
+
+        return worker_count({**self.env, "XIAOZHI_WORKERS": self.env.get("XIAOZHI_WORKERS") or "1"})
+
+    def command(self) -> list[str]:
+        from xiaozhi_site.webserver import server_kind
+
+        if self.workers == 1 and server_kind(self.env) == "daphne":
+            return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                    "xiaozhi_site.asgi:application"]
+        return [sys.executable, "-m", "xiaozhi_site.runner", "--web-only", "--bind", "127.0.0.1",
+                "--port", str(self.port)]
+
     def start(self, timeout: float = 30.0) -> AsgiServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         collect_static(self.env)
         log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-             "xiaozhi_site.asgi:application"],
-            cwd=BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            self.command(), cwd=BASE_DIR, env={**self.env, "XIAOZHI_WORKERS": str(self.workers)}, stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         self._wait_ready(timeout)
@@ -94,12 +117,19 @@ class AsgiServer:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"server exited early; log:\n{self.log()}")
             try:
-                with urllib.request.urlopen(f"{self.http_url}/healthz", timeout=2) as response:
-                    if response.status in (200, 503):
-                        return
+                self._wait_healthz()
+                return
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(f"server did not start in {timeout}s; log:\n{self.log()}")
+
+    def _wait_healthz(self) -> None:
+        # With several workers on the port the kernel spreads connections over them: ask
+        # several times so every worker has most likely started (each answers only once ready).
+        for _ in range(4 * self.workers - 3):
+            with urllib.request.urlopen(f"{self.http_url}/healthz", timeout=2) as response:
+                if response.status not in (200, 503):
+                    raise OSError(f"healthz answered {response.status}")
 
     def log(self) -> str:
         try:

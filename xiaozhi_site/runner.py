@@ -1,19 +1,29 @@
-"""`make run`: prepare the database, then run daphne, the Celery worker and Celery beat.
+"""`make run`: prepare the database, then run the web workers (daphne), the Celery worker and
+Celery beat.
 
-One foreground process supervises the three children. Ctrl-C (or SIGTERM) stops them all:
+`XIAOZHI_WORKERS` daphne processes share the port (xiaozhi_site/webserver.py: one
+SO_REUSEPORT socket each, bound here and inherited); the default is one per core when
+REDIS_URL is set, else one. `python -m xiaozhi_site.runner --web-only` starts the web workers
+alone, without preparing the database (tests and benchmarks start several workers this way).
+
+One foreground process supervises the children. Ctrl-C (or SIGTERM) stops them all:
 each child runs in its own process group, so the whole group (including Celery's pool
 processes) is terminated and, if it lingers, killed. If any child dies, the others are
 stopped too, so a half-running server is never left behind.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from xiaozhi_site import webserver
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -47,18 +57,41 @@ def _lan_address() -> str:
     return "127.0.0.1"
 
 
-def commands(host: str, port: int) -> dict[str, list[str]]:
-    celery = [PYTHON, "-m", "celery", "-A", "xiaozhi_site"]
+@dataclass
+class Child:
+    command: list[str]
+    fds: tuple[int, ...] = ()  # listening sockets the child inherits
+    sockets: list[socket.socket] = field(default_factory=list)
+
+
+def web_children(host: str, port: int, workers: int, kind: str = "daphne") -> dict[str, Child]:
+    sockets = webserver.listening_sockets(host, port, workers)
+    names = ["web"] if workers == 1 else [f"web-{n}" for n in range(1, workers + 1)]
     return {
-        "web": [PYTHON, "-m", "daphne", "-b", host, "-p", str(port), "xiaozhi_site.asgi:application"],
-        "worker": [*celery, "worker", "-l", "info", "--concurrency", "2",
-                   "--without-mingle", "--without-gossip"],
-        "beat": [*celery, "beat", "-l", "info"],
+        name: Child(webserver.server_command(sock.fileno(), kind), (sock.fileno(),), [sock])
+        for name, sock in zip(names, sockets, strict=True)
     }
 
 
-def start(cmds: dict[str, list[str]]) -> dict[str, subprocess.Popen]:
-    return {name: subprocess.Popen(cmd, cwd=BASE_DIR, start_new_session=True) for name, cmd in cmds.items()}
+def commands(host: str, port: int, workers: int = 1) -> dict[str, Child]:
+    celery = [PYTHON, "-m", "celery", "-A", "xiaozhi_site"]
+    return {
+        **web_children(host, port, workers),
+        "worker": Child([*celery, "worker", "-l", "info", "--concurrency", "2",
+                         "--without-mingle", "--without-gossip"]),
+        "beat": Child([*celery, "beat", "-l", "info"]),
+    }
+
+
+def start(children: dict[str, Child]) -> dict[str, subprocess.Popen]:
+    started = {
+        name: subprocess.Popen(child.command, cwd=BASE_DIR, start_new_session=True, pass_fds=child.fds)
+        for name, child in children.items()
+    }
+    for child in children.values():
+        for sock in child.sockets:
+            sock.close()  # the worker holds its own copy; a dead worker's port share goes with it
+    return started
 
 
 def stop(children: dict[str, subprocess.Popen]) -> None:
@@ -84,10 +117,10 @@ def _signal_group(child: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def print_banner(port: int) -> None:
+def print_banner(port: int, workers: int = 1) -> None:
     lan = _lan_address()
     print(
-        "\nXiaozhi server is starting:\n"
+        f"\nXiaozhi server is starting ({workers} web worker{'s' if workers > 1 else ''}):\n"
         f"  Admin:         http://{lan}:{port}/admin/\n"
         f"  OTA URL:       http://{lan}:{port}/xiaozhi/ota/   (put this into the device)\n"
         f"  WebSocket URL: ws://{lan}:{port}/xiaozhi/v1/\n"
@@ -119,12 +152,24 @@ def supervise(children: dict[str, subprocess.Popen]) -> int:
     return 0
 
 
-def main() -> int:
-    host = os.environ.get("XIAOZHI_BIND", "0.0.0.0")
-    port = int(os.environ.get("XIAOZHI_PORT", "8000"))
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the Xiaozhi server (make run).")
+    parser.add_argument("--web-only", action="store_true",
+                        help="only the web workers, no database preparation, Celery or banner")
+    parser.add_argument("--bind", default=os.environ.get("XIAOZHI_BIND", "0.0.0.0"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("XIAOZHI_PORT", "8000")))
+    args = parser.parse_args(argv)
+    try:
+        workers = webserver.worker_count()
+        kind = webserver.server_kind()
+    except webserver.WorkerConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.web_only:
+        return supervise(start(web_children(args.bind, args.port, workers, kind)))
     prepare()
-    children = start(commands(host, port))
-    print_banner(port)
+    children = start(commands(args.bind, args.port, workers))
+    print_banner(args.port, workers)
     return supervise(children)
 
 

@@ -310,6 +310,11 @@ XIAOZHI_MAX_DEVICE_CONNECTIONS = envint("XIAOZHI_MAX_DEVICE_CONNECTIONS", 2000, 
 # Of those, at most this many for devices that are not bound (yet): the rest stay reserved
 # for bound devices, so never-bound MACs cannot take every slot.
 XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS = envint("XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS", 200, minimum=0)
+# Admission (conversations/admission.py): past either, a process refuses *new* device sockets
+# with 1013 so the devices it holds stay real time. Streaming sessions per worker (0: no
+# limit; set it to the P2 capacity of one worker); lag of the event loop or the hearing pool.
+XIAOZHI_MAX_STREAMING_SESSIONS = envint("XIAOZHI_MAX_STREAMING_SESSIONS", 0, minimum=0)
+XIAOZHI_ADMISSION_MAX_LAG_MS = envfloat("XIAOZHI_ADMISSION_MAX_LAG_MS", 500.0, minimum=0)
 XIAOZHI_MAX_MESSAGES_PER_SECOND = envint("XIAOZHI_MAX_MESSAGES_PER_SECOND", 100, minimum=1)
 XIAOZHI_IDLE_TIMEOUT_SECONDS = envfloat("XIAOZHI_IDLE_TIMEOUT_SECONDS", 120.0, minimum=1)
 XIAOZHI_HARD_TIMEOUT_SECONDS = envfloat("XIAOZHI_HARD_TIMEOUT_SECONDS", 180.0, minimum=1)
@@ -368,6 +373,8 @@ TTS_OPENAI_MODEL = envstr("TTS_OPENAI_MODEL", "tts-1")
 TTS_EDGE_CONNECT_TIMEOUT = envfloat("TTS_EDGE_CONNECT_TIMEOUT", 3.0, minimum=0.1)
 TTS_TIMEOUT = envfloat("TTS_TIMEOUT", 10.0, minimum=0.1)
 ESPEAK_BINARY = envstr("ESPEAK_BINARY", "espeak-ng")
+# Extra Piper voices (<name>.onnx + <name>.onnx.json); the bundled en_US voice needs none.
+XIAOZHI_PIPER_VOICES_DIR = Path(envstr("XIAOZHI_PIPER_VOICES_DIR", str(DATA_DIR / "piper-voices")))
 # Modules imported at startup that may add provider kinds to the registry, e.g. the fakes of
 # tests and benchmarks: XIAOZHI_PROVIDER_PLUGINS=testing.fake_providers
 XIAOZHI_PROVIDER_PLUGINS = envlist("XIAOZHI_PROVIDER_PLUGINS", [])
@@ -430,6 +437,11 @@ CELERY_BEAT_SCHEDULE = {
     "apply-history-retention": {
         "task": "conversations.tasks.history_retention_apply",
         "schedule": 3600.0,
+    },
+    # Edge's voice list for the admin's voice picker (a failed fetch keeps the stored list).
+    "refresh-edge-voices": {
+        "task": "conversations.tasks.edge_voices_refresh",
+        "schedule": 24 * 3600.0,
     },
     # Finished hours of turns → dashboard.TurnRollup (7-day figures without reading every turn).
     "dashboard-rollup-turns": {

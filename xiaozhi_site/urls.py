@@ -5,6 +5,7 @@ from django.urls import include, path, reverse_lazy
 from django.utils.translation import gettext_lazy as _
 from django.views.generic import RedirectView
 
+from conversations import tryout
 from xiaozhi_site.health import healthz
 
 # settings.PRODUCT_NAME is the same name in English; here it is a translatable label.
@@ -17,6 +18,7 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     # set_language: the admin header's language switch posts here (docs/i18n.md).
     path("i18n/", include("django.conf.urls.i18n")),
+    *tryout.urlpatterns,  # admin/conversations/persona/<id>/try/: before the admin's catch-all
     path("admin/", admin.site.urls),
     path("dashboard/", include("dashboard.urls")),
     path("", RedirectView.as_view(pattern_name="dashboard:index"), name="home"),

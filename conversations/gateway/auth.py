@@ -91,6 +91,7 @@ class KeyGrant:
     requests_per_minute: int
     max_connections: int
     system_prompt: str = ""  # from the key's persona; empty: the gateway's default prompt
+    persona_id: int | None = None  # whose LLM chain the connection uses (None: the default persona's)
 
 
 # -- per-key limits ------------------------------------------------------------------------------

@@ -33,11 +33,12 @@ from conversations.gateway.auth import (
 )
 from conversations.gateway.keys import gateway_key_authenticate, key_group
 from conversations.gateway.protocol import ErrorCode
-from conversations.gateway.services import gateway_characters, gateway_llm_chain
+from conversations.gateway.services import gateway_characters, gateway_llm_chain, gateway_llm_specs
 from conversations.gateway.session import GatewaySession
 from conversations.gateway.session_config import GatewayConfig
 from conversations.gateway.store import SessionStore
 from conversations.models import Conversation
+from conversations.pipeline.config import ProviderSpec
 from conversations.pipeline.fallback import ProviderChain
 from conversations.selectors import scope_client_address
 from conversations.services import HISTORY
@@ -77,15 +78,18 @@ def gateway_config(characters: list[dict[str, str]], system_prompt: str = "") ->
 
 
 class _Process:
-    """Per-process state: live connection counts, the session store, the shared LLM chain."""
+    """Per-process state: live connection counts, the session store, the shared LLM chains
+    (one per chain of configurations: personas sharing configurations share clients and the
+    failed-provider cooldowns)."""
 
     def __init__(self) -> None:
         self.connections = 0
         self.keys = KeyLimits()
         self.store = SessionStore(timeout=3600.0, cleanup_interval=60.0, on_expired=_conversations_end)
         self.history = HISTORY
-        self.llm_factory: Callable[[], ProviderChain] = gateway_llm_chain  # replaceable, e.g. by a test
-        self._llm: Any = None
+        # (specs) -> chain; replaceable, e.g. by a test
+        self.llm_factory: Callable[[tuple[ProviderSpec, ...]], ProviderChain] = gateway_llm_chain
+        self._llm: dict[tuple[Any, ...], ProviderChain] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def admit(self) -> bool:
@@ -95,29 +99,38 @@ class _Process:
         self.connections += 1
         return True
 
-    def acquire(self) -> ProviderChain:
-        """Per admitted connection: the loop's LLM chain; the first one starts the sweeper."""
+    def acquire(self, specs: tuple[ProviderSpec, ...]) -> ProviderChain:
+        """Per admitted connection: the loop's LLM chain for `specs`; the first connection
+        starts the sweeper. An edited configuration gives new specs, hence a new chain."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # first connection, or a new loop (tests)
             self._loop = loop
-            self._llm = self.llm_factory()
+            self._llm = {}
+        key = tuple((spec.name, spec.kind, spec.model, repr(sorted(spec.kwargs.items()))) for spec in specs)
+        if key not in self._llm:
+            self._llm[key] = self.llm_factory(specs)
         self.store.timeout = settings.CLOUD_SESSION_TIMEOUT
         self.store.cleanup_interval = settings.CLOUD_SESSION_CLEANUP_INTERVAL
         self.store.max_detached = settings.CLOUD_MAX_DETACHED_SESSIONS
         self.store.max_history_bytes = settings.CLOUD_SESSION_HISTORY_BYTES
         self.store.start_sweeper()
-        return self._llm  # type: ignore[no-any-return]
+        return self._llm[key]
 
     async def release(self) -> None:
         self.connections -= 1
         if self.connections > 0:
             return
         # The last connection is gone: no timer and no idle HTTP pool on a quiet server.
-        llm, self._llm, self._loop = self._llm, None, None
+        chains, self._llm, self._loop = self._llm, {}, None
         await self.store.stop_sweeper()
         await self.history.flush()
-        if llm is not None:
+        for llm in chains.values():
             await llm.aclose()
+
+
+def _session_data(persona_id: int | None) -> tuple[list[dict[str, str]], tuple[ProviderSpec, ...]]:
+    """One database hop per connection: the role-play characters and the LLM chain."""
+    return gateway_characters(), gateway_llm_specs(persona_id)
 
 
 async def _conversations_end(session_ids: list[str]) -> None:
@@ -159,10 +172,11 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             if not await self._admit():
                 return
             self.admitted = True
-            llm = PROCESS.acquire()
+            persona_id = self.grant.persona_id if self.grant else None
+            characters, specs = await database_sync_to_async(_session_data)(persona_id)
+            llm = PROCESS.acquire(specs)
             if self.grant is not None:
                 await self._join_key_group(self.grant.key_id)
-            characters = await database_sync_to_async(gateway_characters)()
             hooks = _HistoryHooks(scope_client_address(self.scope))
             config = gateway_config(characters, self.grant.system_prompt if self.grant else "")
             self.session = GatewaySession(self, config, PROCESS.store, llm, hooks)

@@ -63,6 +63,7 @@ def gateway_key_authenticate(secret: str) -> KeyGrant | None:
         requests_per_minute=key.requests_per_minute,
         max_connections=key.max_connections,
         system_prompt=_persona_prompt(key.persona, key.name) if key.persona else "",
+        persona_id=key.persona_id,
     )
 
 

@@ -1,15 +1,18 @@
 """Django side of the gateway: what a session is built from (the personas offered to the
-role-play tools, the LLM chain from settings). Its history goes through the process's one
-writer (conversations/services.py `HISTORY`), like the devices'."""
+role-play tools, the LLM chain of its persona's configurations). Its history goes through
+the process's one writer (conversations/services.py `HISTORY`), like the devices'."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 from django.conf import settings
 
 from conversations.models import Persona
-from conversations.pipeline.fallback import ProviderChain, build_chain
-from conversations.selectors import provider_settings
+from conversations.pipeline.config import ChainEntry, ProviderSpec
+from conversations.pipeline.fallback import ProviderChain, build_chain, chain_specs
+from conversations.provider_configs import env_provider_options, persona_chain_specs
+from conversations.selectors import persona_default
 
-LLM_PROVIDERS = ("openai",)  # the OpenAI-compatible LLM of the LLM_* settings
 _LLM_TIMEOUT_MARGIN = 5.0  # the session's own LLM deadline (LLM_TIMEOUT) must fire first (→ TIMEOUT)
 
 
@@ -21,10 +24,26 @@ def gateway_characters() -> list[dict[str, str]]:
     ]
 
 
-def gateway_llm_chain() -> ProviderChain:
+def gateway_llm_specs(persona_id: int | None = None) -> tuple[ProviderSpec, ...]:
+    """The LLM chain of the key's persona (None, or gone: the default persona's), as specs.
+
+    A configuration's own timeout shorter than LLM_TIMEOUT is kept, so a slow first endpoint
+    falls over to the next in time; otherwise the session's per-round LLM_TIMEOUT must fire
+    first (→ TIMEOUT, as the seed documents), so the SDK's timeout is set a little longer."""
+    persona = Persona.objects.filter(pk=persona_id).first() if persona_id is not None else None
+    persona = persona or persona_default()
+    env_options = env_provider_options()
+    entries: tuple[ChainEntry, ...] = persona_chain_specs(persona, env_options, stages=("llm",))["llm"]
+    session_limit = settings.LLM_TIMEOUT + _LLM_TIMEOUT_MARGIN
+    specs = []
+    for spec in chain_specs("llm", entries, env_options):
+        timeout = float(spec.kwargs.get("timeout") or session_limit)
+        kwargs = {**spec.kwargs, "timeout": timeout if timeout < settings.LLM_TIMEOUT else session_limit}
+        specs.append(replace(spec, kwargs=kwargs))
+    return tuple(specs)
+
+
+def gateway_llm_chain(specs: tuple[ProviderSpec, ...] | None = None) -> ProviderChain:
     """The gateway's LLM, built through the same fallback chain as a device's. Its slots wait
-    for the first token as long as the provider's own timeout, so the session's per-round
-    LLM_TIMEOUT decides when a silent LLM is a TIMEOUT, as the seed documents."""
-    configs = provider_settings()
-    configs["llm.openai"] = {**configs["llm.openai"], "timeout": settings.LLM_TIMEOUT + _LLM_TIMEOUT_MARGIN}
-    return build_chain("llm", LLM_PROVIDERS, configs, max_first_token_wait=None)
+    for the first token as long as the provider's own timeout (see `gateway_llm_specs`)."""
+    return build_chain("llm", gateway_llm_specs() if specs is None else specs, {}, max_first_token_wait=None)

@@ -21,14 +21,34 @@ class DeviceInfo:
 
 
 @dataclass(frozen=True)
+class ProviderSpec:
+    """One provider configuration of a persona's chain, as plain values (loaded from a
+    ProviderConfig row by conversations/selectors.py): `kwargs` go to `registry.build`.
+
+    `kwargs` may hold an API key: it is left out of repr() so a logged config never shows it.
+    """
+
+    name: str
+    kind: str
+    kwargs: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
+    model: str = ""  # LLM: the model asked for (empty: the persona's, else LLM_MODEL)
+    voice: str = ""  # TTS: the voice when the persona names none
+
+
+# A chain entry: a configuration, or a bare kind whose options come from
+# SessionConfig.providers (the environment's defaults; tests and benchmarks use kinds).
+ChainEntry = ProviderSpec | str
+
+
+@dataclass(frozen=True)
 class PersonaConfig:
     name: str = "Xiaozhi"
     system_prompt: str = "You are {persona_name}, a helpful voice assistant. Reply in {language}."
     language: str = "en"
     voice: str = ""
-    asr: tuple[str, ...] = ("faster_whisper",)
-    llm: tuple[str, ...] = ("openai",)
-    tts: tuple[str, ...] = ("espeak",)
+    asr: tuple[ChainEntry, ...] = ("faster_whisper",)
+    llm: tuple[ChainEntry, ...] = ("openai",)
+    tts: tuple[ChainEntry, ...] = ("espeak",)
     llm_model: str = ""
     temperature: float = 0.7
     max_tokens: int = 512

@@ -14,7 +14,13 @@ Rules (product.md, "reliability"):
   its first item is `ProviderStalled`; it cannot fall over any more, so the caller ends the
   turn (the device's apology, the gateway's TIMEOUT).
 The caller learns which provider served (`kind`) for the turn history, and may pass an
-`AttemptLog` (conversations/capture.py) that gets every attempt: kind, outcome, time.
+`AttemptLog` (conversations/capture.py) that gets every attempt: kind, configuration name,
+outcome, time.
+
+A chain is built from the persona's entries for the stage: `ProviderSpec`s (one per
+ProviderConfig row: its name, kind and constructor options; several of one kind are
+normal, e.g. a cloud LLM then a local one) or bare kinds whose options come from the
+session's `providers` mapping (the environment's defaults).
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from conversations.capture import AttemptLog, ProviderAttempt
-from conversations.pipeline.config import SessionConfig
+from conversations.pipeline.config import ChainEntry, ProviderSpec, SessionConfig
 from conversations.providers import registry
 from conversations.providers.base import LLMDelta, PCMChunk, ProviderError
 
@@ -67,6 +73,13 @@ class Slot:
     provider: Any
     timeout: float
     failed_until: float = 0.0
+    name: str = ""  # the configuration's name ("" for a chain of bare kinds)
+    model: str = ""  # LLM: this endpoint's model, which wins over the caller's
+    voice: str = ""  # TTS: this configuration's voice, when the caller has none
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind
 
 
 class ProviderChain:
@@ -99,10 +112,13 @@ class ProviderChain:
 
     def failed(self, slot: Slot, error: BaseException) -> None:
         slot.failed_until = self._clock() + self.cooldown
+        # The class name only, never the message or a traceback's locals: SDK errors can
+        # carry URLs, headers and keys (docs/security.md). A provider bug still gets its
+        # traceback, which shows code, not values.
         log.warning(
             "provider failed, trying the next one",
-            exc_info=not isinstance(error, (ProviderError, TimeoutError)),
-            extra={"stage": self.stage, "provider": slot.kind, "error": type(error).__name__},
+            exc_info=not isinstance(error, (ProviderError, TimeoutError, OSError)),
+            extra={"stage": self.stage, "provider": slot.kind, "config": slot.name, "error": type(error).__name__},
         )
 
     def succeeded(self, slot: Slot) -> None:
@@ -123,26 +139,47 @@ def provider_kwargs(configs: Mapping[str, dict[str, Any]], stage: str, kind: str
     return dict(configs.get(f"{stage}.{kind}") or configs.get(kind) or {})
 
 
+def chain_specs(
+    stage: str, entries: list[ChainEntry] | tuple[ChainEntry, ...], configs: Mapping[str, dict[str, Any]],
+) -> list[ProviderSpec]:
+    """The entries as specs (bare kinds take their options from `configs`), duplicates
+    dropped, with espeak-ng appended to a TTS chain that lacks it."""
+    specs: list[ProviderSpec] = []
+    seen: set[str] = set()
+    for entry in entries:
+        spec = entry if isinstance(entry, ProviderSpec) else ProviderSpec("", entry, provider_kwargs(configs, stage, entry))
+        key = spec.name or f"kind:{spec.kind}"
+        if key not in seen:
+            seen.add(key)
+            specs.append(spec)
+    if stage == "tts" and all(spec.kind != LAST_RESORT_TTS for spec in specs):
+        specs.append(ProviderSpec("", LAST_RESORT_TTS, provider_kwargs(configs, stage, LAST_RESORT_TTS)))
+    return specs
+
+
+def build_slot(stage: str, spec: ProviderSpec, max_first_token_wait: float | None = MAX_FIRST_TOKEN_WAIT) -> Slot:
+    """One provider of `spec`; raises whatever its constructor raises."""
+    provider = registry.build(stage, spec.kind, **spec.kwargs)
+    return Slot(spec.kind, provider, _timeout(stage, spec.kwargs, max_first_token_wait),
+                name=spec.name, model=spec.model, voice=spec.voice)
+
+
 def build_chain(
-    stage: str, kinds: list[str] | tuple[str, ...], configs: Mapping[str, dict[str, Any]], *,
+    stage: str, entries: list[ChainEntry] | tuple[ChainEntry, ...], configs: Mapping[str, dict[str, Any]], *,
     max_first_token_wait: float | None = MAX_FIRST_TOKEN_WAIT,
 ) -> ProviderChain:
-    """Instantiate the persona's list; kinds that cannot be built are skipped and logged.
+    """Instantiate the persona's list; entries that cannot be built are skipped and logged.
 
     An LLM slot waits for its first token at most `max_first_token_wait` seconds (None: its
     own `timeout`, for a caller with a deadline of its own)."""
-    wanted = list(dict.fromkeys(kinds))
-    if stage == "tts" and LAST_RESORT_TTS not in wanted:
-        wanted.append(LAST_RESORT_TTS)
     slots: list[Slot] = []
-    for kind in wanted:
-        kwargs = provider_kwargs(configs, stage, kind)
+    for spec in chain_specs(stage, entries, configs):
         try:
-            provider = registry.build(stage, kind, **kwargs)
+            slots.append(build_slot(stage, spec, max_first_token_wait))
         except Exception as exc:  # unknown kind, missing option, missing binary/model
-            log.warning("provider not available", extra={"stage": stage, "provider": kind, "error": str(exc)[:200]})
-            continue
-        slots.append(Slot(kind, provider, _timeout(stage, kwargs, max_first_token_wait)))
+            # The exception's class only: a constructor's message may quote its arguments.
+            log.warning("provider not available", extra={
+                "stage": stage, "provider": spec.kind, "config": spec.name, "error": type(exc).__name__})
     return ProviderChain(stage, slots)
 
 
@@ -163,11 +200,11 @@ async def transcribe(
                 text = await slot.provider.transcribe(pcm, sample_rate, language)
         except Exception as exc:
             chain.failed(slot, exc)
-            _failed(attempts, chain.stage, slot.kind, exc, started)
+            _failed(attempts, chain.stage, slot, exc, started)
             last = exc
             continue
         chain.succeeded(slot)
-        _served(attempts, chain.stage, slot.kind, started)
+        _served(attempts, chain.stage, slot, started)
         return (text or "").strip(), slot.kind
     raise AllProvidersFailed(chain.stage, last)
 
@@ -180,52 +217,58 @@ async def stream_llm(
 
     `first_wait` caps each slot's wait for its first delta, `gap` the wait for every later
     one (None: unbounded, only the provider's own timeout). An LLM that ends without any
-    delta counts as having answered (with nothing).
+    delta counts as having answered (with nothing). A slot with a model of its own asks
+    for that model instead of `params["model"]` (each endpoint names its models its way).
     """
     return await _first_of(
-        chain, lambda provider: provider.stream(messages, **params), empty_ok=True,
+        chain, lambda slot: slot.provider.stream(messages, **_with_model(params, slot)), empty_ok=True,
         attempts=attempts, first_wait=first_wait, gap=gap,
     )
+
+
+def _with_model(params: dict[str, Any], slot: Slot) -> dict[str, Any]:
+    return {**params, "model": slot.model} if slot.model else params
 
 
 async def synthesize(
     chain: ProviderChain, text: str, *, voice: str, language: str, attempts: AttemptLog | None = None,
 ) -> tuple[str, AsyncIterator[PCMChunk]]:
-    """(provider kind, PCM stream) from the first TTS that yields audio in time."""
+    """(provider kind, PCM stream) from the first TTS that yields audio in time. The
+    caller's voice (the persona's) wins; without one, a slot speaks with its own."""
     return await _first_of(
-        chain, lambda provider: provider.synthesize(text, voice=voice, language=language), empty_ok=False,
-        attempts=attempts,
+        chain, lambda slot: slot.provider.synthesize(text, voice=voice or slot.voice, language=language),
+        empty_ok=False, attempts=attempts,
     )
 
 
 async def _first_of(
-    chain: ProviderChain, open_stream: Callable[[Any], AsyncIterator[T]], *, empty_ok: bool,
+    chain: ProviderChain, open_stream: Callable[[Slot], AsyncIterator[T]], *, empty_ok: bool,
     attempts: AttemptLog | None = None, first_wait: float | None = None, gap: float | None = None,
 ) -> tuple[str, AsyncIterator[T]]:
     last: BaseException | None = None
     for slot in chain.order():
         started = _now()
-        stream = open_stream(slot.provider)
+        stream = open_stream(slot)
         try:
             async with asyncio.timeout(slot.timeout if first_wait is None else min(slot.timeout, first_wait)):
                 first = await anext(stream)
         except StopAsyncIteration:
             if empty_ok:
                 chain.succeeded(slot)
-                _served(attempts, chain.stage, slot.kind, started)
+                _served(attempts, chain.stage, slot, started)
                 return slot.kind, _empty()
-            last = ProviderError(f"{slot.kind} produced nothing")
+            last = ProviderError(f"{slot.label} produced nothing")
             chain.failed(slot, last)
-            _failed(attempts, chain.stage, slot.kind, last, started)
+            _failed(attempts, chain.stage, slot, last, started)
             continue
         except Exception as exc:
             await _close(stream)
             chain.failed(slot, exc)
-            _failed(attempts, chain.stage, slot.kind, exc, started)
+            _failed(attempts, chain.stage, slot, exc, started)
             last = exc
             continue
         chain.succeeded(slot)
-        served = _served(attempts, chain.stage, slot.kind, started)
+        served = _served(attempts, chain.stage, slot, started)
         if gap is None and chain.stage != "llm":
             gap = slot.timeout
         outcome = _Outcome(chain, slot, attempts, served, started)
@@ -245,7 +288,8 @@ class _Outcome:
 
     def broke(self, error: BaseException) -> None:
         if self.attempts is not None:
-            self.attempts.broke(self.chain.stage, self.served, self.slot.kind, error, _ms_since(self.started))
+            self.attempts.broke(self.chain.stage, self.served, self.slot.kind, error, _ms_since(self.started),
+                                config=self.slot.name)
 
 
 async def _rest(first: T, stream: AsyncIterator[T], gap: float | None, outcome: _Outcome) -> AsyncIterator[T]:
@@ -285,13 +329,13 @@ def _ms_since(started: float) -> float:
     return (_now() - started) * 1000
 
 
-def _served(attempts: AttemptLog | None, stage: str, kind: str, started: float) -> ProviderAttempt | None:
-    return attempts.served(stage, kind, _ms_since(started)) if attempts is not None else None
+def _served(attempts: AttemptLog | None, stage: str, slot: Slot, started: float) -> ProviderAttempt | None:
+    return attempts.served(stage, slot.kind, _ms_since(started), config=slot.name) if attempts is not None else None
 
 
-def _failed(attempts: AttemptLog | None, stage: str, kind: str, error: BaseException, started: float) -> None:
+def _failed(attempts: AttemptLog | None, stage: str, slot: Slot, error: BaseException, started: float) -> None:
     if attempts is not None:
-        attempts.failed(stage, kind, error, _ms_since(started))
+        attempts.failed(stage, slot.kind, error, _ms_since(started), config=slot.name)
 
 
 async def _empty() -> AsyncIterator[Any]:
@@ -325,10 +369,11 @@ def _warm_up_once(chain: ProviderChain) -> None:
     is still listening, instead of inside its first turn. Runs in the build thread."""
     for slot in chain.slots:
         warm_up = getattr(slot.provider, "warm_up", None)
+        key = f"{slot.kind}:{slot.name}"  # two Whisper configs may load two models
         with _warm_lock:
-            if warm_up is None or slot.kind in _warmed:
+            if warm_up is None or key in _warmed:
                 continue
-            _warmed.add(slot.kind)
+            _warmed.add(key)
         try:
             warm_up()
         except Exception:

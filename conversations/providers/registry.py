@@ -30,6 +30,7 @@ REGISTRY: dict[str, dict[str, str]] = {
     "tts": {
         "edge": "conversations.providers.tts.edge.EdgeTTS",
         "openai": "conversations.providers.tts.openai_compat.OpenAITTS",
+        "piper": "conversations.providers.tts.piper.PiperTTS",
         "espeak": "conversations.providers.tts.espeak.EspeakTTS",
     },
 }

@@ -57,3 +57,27 @@ def test_an_operators_own_default_persona_is_kept(settings: Any) -> None:
     settings.LANGUAGE_CODE = "zh-hans"
     migration.create_chinese_persona(apps, None)
     assert list(Persona.objects.filter(is_default=True).values_list("name", flat=True)) == ["Robo"]
+
+
+piper_migration = importlib.import_module("conversations.migrations.0010_default_persona_piper")
+
+
+def test_the_english_default_speaks_edge_then_piper_then_espeak() -> None:
+    assert Persona.objects.get(name="Xiaozhi").tts_providers == ["edge", "piper", "espeak"]
+    assert Persona.objects.create(name="New").tts_providers == ["edge", "piper", "espeak"]
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [(["edge", "espeak"], ["edge", "piper", "espeak"]), (["espeak"], ["espeak"]),
+     (["openai", "edge", "espeak"], ["openai", "edge", "espeak"])],
+)
+def test_the_piper_migration_changes_only_the_shipped_list(before: list[str], after: list[str]) -> None:
+    shipped = Persona.objects.get(name="Xiaozhi")
+    shipped.tts_providers = before  # the chain of the kinds' default configurations
+    shipped.save()
+    piper_migration.add_piper(apps, None)
+    assert Persona.objects.get(name="Xiaozhi").tts_providers == after
+    assert Persona.objects.get(name="小智").tts_providers == ["edge", "espeak"]  # no Chinese Piper voice
+    piper_migration.remove_piper(apps, None)
+    assert Persona.objects.get(name="Xiaozhi").tts_providers == before

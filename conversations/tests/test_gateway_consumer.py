@@ -241,7 +241,7 @@ async def test_every_error_code_of_the_seed_reaches_the_client(
     for name, value in overrides.items():
         setattr(gateway_settings, name, value)
     if code == "INTERNAL_ERROR":
-        monkeypatch.setattr(PROCESS, "llm_factory", lambda: ProviderChain("llm", [Slot("broken", BrokenLLM(), 60.0)]))
+        monkeypatch.setattr(PROCESS, "llm_factory", lambda specs: ProviderChain("llm", [Slot("broken", BrokenLLM(), 60.0)]))
     socket = await open_socket()
     await connected(socket)
     error = await scenario(socket, fake)

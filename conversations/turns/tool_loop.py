@@ -185,7 +185,8 @@ class ToolLoop:
                 # The round's deadline cut a model that never answered: the chain could not
                 # log that attempt, the turn's record should (the stuck one is tried first).
                 elapsed_ms = (time.perf_counter() - started) * 1000
-                thought.attempts.failed("llm", chain.order()[0].kind, "TimeoutError", elapsed_ms)
+                stuck = chain.order()[0]
+                thought.attempts.failed("llm", stuck.kind, "TimeoutError", elapsed_ms, config=stuck.name)
             raise
         finally:
             thought.llm_seconds += time.perf_counter() - started

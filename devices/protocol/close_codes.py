@@ -15,7 +15,9 @@ class CloseCode(enum.IntEnum):
     | 1000 | NORMAL            | device `goodbye`, exit phrase / end_conversation tool        |
     | 1011 | INTERNAL_ERROR    | a server bug while handling a frame (logged with traceback) |
     | 1013 | TRY_AGAIN_LATER   | over XIAOZHI_MAX_DEVICE_CONNECTIONS in this process, or an  |
-    |      |                   | unbound device over XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS  |
+    |      |                   | unbound device over XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS, |
+    |      |                   | or the worker is past capacity (admission: "server busy: …" |
+    |      |                   | streaming sessions or sustained lag; the firmware retries)  |
     | 4000 | HELLO_TIMEOUT     | no device hello within hello_timeout (10 s)                 |
     | 4001 | AUTH_FAILED       | missing/invalid token, unknown device, MAC not allowed,     |
     |      |                   | Client-Id other than the one the device was bound with      |

@@ -83,8 +83,9 @@ async def _unbound_with_token(server: AsgiServer, number: int) -> SimulatedDevic
 async def test_never_bound_devices_cannot_take_the_slots_of_bound_ones(asgi_server_factory: Any) -> None:
     # "allow": no activation code is written at connect, a write that SQLite can refuse with
     # "database is locked" while another session writes its presence (issue 11 item 3).
+    # The limits are per process: one worker, whatever mode the suite runs in.
     server = asgi_server_factory(XIAOZHI_MAX_DEVICE_CONNECTIONS="6", XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS="3",
-                                 XIAOZHI_UNBOUND_POLICY="allow")
+                                 XIAOZHI_UNBOUND_POLICY="allow", XIAOZHI_WORKERS="1")
     strangers = [await _unbound_with_token(server, number) for number in range(6)]
     owned = await database_sync_to_async(BoundDeviceFactory)()
     token = await database_sync_to_async(device_token_issue)(device=owned)

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0009_dashboard_indexes'),
+        ('conversations', '0012_remove_persona_kind_lists'),
     ]
 
     operations = [

@@ -1,0 +1,160 @@
+"""Admission: past its capacity a web process refuses *new* device sockets (1013, the firmware
+retries) so the devices it already holds stay real time.
+
+Without it, overload is shared by everyone: every session's hearing falls behind, queues drop
+packets of every device and the event loop stops answering pings (docs/performance.md,
+"Overload"). Two signals, both per process (each worker admits for itself):
+
+- **Sessions streaming**: sessions whose microphone is open (state "listening"), plus the
+  sockets admitted since they were last counted (a device that connects is about to talk).
+  At `XIAOZHI_MAX_STREAMING_SESSIONS` (0: no limit) new devices are refused.
+- **Lag**: how late a 100 ms timer on the event loop fires, and how long an empty job waits
+  in the hearing's CPU pool (conversations/pipeline/cpu_pool.py) behind the decode + VAD
+  groups of every session: the larger of the two is the delay a new packet would see. When
+  `OVER_SAMPLES` samples in a row are over `XIAOZHI_ADMISSION_MAX_LAG_MS` (0: off), new
+  devices are refused, and keep being refused until the lag has stayed under it for
+  `RECOVER_SECONDS`. One slow moment (a model loading, a full garbage collection) is not
+  overload.
+
+A refusal costs one accept and one close frame, and nothing else on the loop: no database,
+no session. The watcher is one timer per process, started by the first device socket.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.1
+COUNT_EVERY_TICKS = 3  # sessions are counted every 0.3 s (O(sessions)); lag is sampled every tick
+RECOVER_SECONDS = 2.0
+OVER_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_streaming: int = 0  # 0: no limit
+    max_lag_ms: float = 0.0  # 0: not watched
+
+
+class Admission:
+    """The decision for one process. `admit()` on every new device socket; the watcher (or a
+    test) feeds it `observe_lag` and `observe_streaming`."""
+
+    def __init__(self, limits: Limits, count_streaming: Callable[[], int],
+                 pool_probe: Callable[[], Awaitable[object]] | None = None) -> None:
+        self.limits = limits
+        self._count_streaming = count_streaming
+        self._pool_probe = pool_probe
+        self.streaming = 0  # at the last count
+        self.admitted_since_count = 0
+        self.lag_ms = 0.0  # the last sample
+        self._lagging_until = 0.0  # loop time until which the lag keeps refusing
+        self._over = 0  # samples in a row over the limit
+        self.refused = 0
+        self._task: asyncio.Task[None] | None = None
+
+    # -- the decision -------------------------------------------------------------------------
+
+    def refusal(self, now: float) -> str | None:
+        """Why a new device must wait right now, or None."""
+        limits = self.limits
+        if limits.max_streaming and self.streaming + self.admitted_since_count >= limits.max_streaming:
+            return "server busy: streaming capacity reached"
+        if limits.max_lag_ms and now < self._lagging_until:
+            return "server busy: overloaded"
+        return None
+
+    def admit(self) -> str | None:
+        """Take a place for a new device socket; returns the refusal reason instead if full."""
+        self.ensure_watching()
+        reason = self.refusal(_loop_time())
+        if reason is not None:
+            self.refused += 1
+            if self.refused == 1 or self.refused % 100 == 0:  # one line per burst, not per device
+                logger.warning("device refused: over capacity", extra={
+                    "reason": reason, "refused": self.refused, "streaming": self.streaming,
+                    "lag_ms": round(self.lag_ms, 1)})
+            return reason
+        self.admitted_since_count += 1
+        return None
+
+    # -- what the watcher sees ----------------------------------------------------------------
+
+    def observe_lag(self, lag_ms: float, now: float) -> None:
+        self.lag_ms = lag_ms
+        over = bool(self.limits.max_lag_ms) and lag_ms > self.limits.max_lag_ms
+        self._over = self._over + 1 if over else 0
+        if self._over >= OVER_SAMPLES:
+            self._lagging_until = now + RECOVER_SECONDS
+
+    def observe_streaming(self, count: int) -> None:
+        self.streaming = count
+        self.admitted_since_count = 0
+
+    # -- the watcher --------------------------------------------------------------------------
+
+    def ensure_watching(self) -> None:
+        if not (self.limits.max_streaming or self.limits.max_lag_ms):
+            return
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._task = loop.create_task(self._watch(), name="admission-watcher")
+
+    async def _watch(self) -> None:
+        """Runs as long as the loop: a timer every TICK_SECONDS, its lateness (plus the pool
+        probe's wait) is the lag."""
+        loop = asyncio.get_running_loop()
+        tick = 0
+        while True:
+            due = loop.time() + TICK_SECONDS
+            await asyncio.sleep(TICK_SECONDS)
+            now = loop.time()
+            lag = max(0.0, now - due)
+            if self._pool_probe is not None and self.limits.max_lag_ms:
+                await self._pool_probe()  # an empty job queued behind the pending hearing work
+                lag = max(lag, loop.time() - now)
+                now = loop.time()
+            self.observe_lag(lag * 1000, now)
+            tick += 1
+            if self.limits.max_streaming and tick % COUNT_EVERY_TICKS == 0:
+                self.observe_streaming(self._count_streaming())
+
+
+def _nothing() -> None:
+    return None
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+_admission: Admission | None = None
+
+
+def admission() -> Admission:
+    """This process's admission, with the limits from the settings."""
+    global _admission
+    if _admission is None:
+        from django.conf import settings
+
+        from conversations.pipeline.cpu_pool import CpuMill, shared_executor
+        from dashboard.live import REGISTRY
+
+        limits = Limits(max_streaming=settings.XIAOZHI_MAX_STREAMING_SESSIONS,
+                        max_lag_ms=settings.XIAOZHI_ADMISSION_MAX_LAG_MS)
+        mill = CpuMill.for_executor(shared_executor())
+        _admission = Admission(limits, lambda: REGISTRY.counts().sessions.get("listening", 0),
+                               lambda: mill.run(_nothing))
+    return _admission
+
+
+def reset() -> None:
+    """Forget the process's admission (tests change the settings)."""
+    global _admission
+    if _admission is not None and _admission._task is not None:
+        _admission._task.cancel()
+    _admission = None

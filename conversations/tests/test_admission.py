@@ -1,0 +1,126 @@
+"""Admission past capacity (conversations/admission.py): new devices get 1013, the ones already
+connected keep their sessions. The watcher runs on the virtual-time loop, so "lag" is exact."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+
+from conversations import admission as admission_module
+from conversations.admission import OVER_SAMPLES, RECOVER_SECONDS, TICK_SECONDS, Admission, Limits
+from conversations.routing import websocket_urlpatterns
+from conversations.tests.test_consumer import assert_alive, close_of, headers_for, open_socket, session_of
+from devices.models import Device
+from devices.protocol.close_codes import CloseCode
+from devices.tests.factories import BoundDeviceFactory
+
+APP = URLRouter(websocket_urlpatterns)
+
+
+@pytest.fixture(autouse=True)
+def fresh_admission() -> Iterator[None]:
+    admission_module.reset()
+    yield
+    admission_module.reset()
+
+
+# -- the decision ------------------------------------------------------------------------------
+
+
+async def test_streaming_limit_counts_the_sockets_admitted_since_the_last_count() -> None:
+    gate = Admission(Limits(max_streaming=3), count_streaming=lambda: 0)
+    gate.observe_streaming(1)
+    assert gate.admit() is None
+    assert gate.admit() is None  # 1 streaming + 1 just admitted < 3
+    assert gate.admit() == "server busy: streaming capacity reached"
+    assert gate.refused == 1
+    gate.observe_streaming(2)  # counted again: one of the two admitted went quiet
+    assert gate.admit() is None
+    gate.observe_streaming(3)
+    assert gate.admit() is not None
+
+
+async def test_no_limits_admit_everyone_and_start_no_watcher() -> None:
+    gate = Admission(Limits(), count_streaming=lambda: 10_000)
+    gate.observe_lag(60_000.0, 0.0)
+    assert all(gate.admit() is None for _ in range(100))
+    assert gate._task is None
+
+
+async def test_one_slow_sample_is_not_overload_but_a_run_of_them_is() -> None:
+    gate = Admission(Limits(max_lag_ms=200), count_streaming=lambda: 0)
+    now = asyncio.get_running_loop().time()
+    for _ in range(OVER_SAMPLES - 1):
+        gate.observe_lag(900.0, now)
+    gate.observe_lag(10.0, now)  # the run is broken
+    gate.observe_lag(900.0, now)
+    assert gate.refusal(now) is None
+    for _ in range(OVER_SAMPLES - 1):
+        gate.observe_lag(900.0, now)
+    assert gate.refusal(now) == "server busy: overloaded"
+    gate.observe_lag(10.0, now)
+    assert gate.refusal(now + RECOVER_SECONDS - 0.01) is not None  # still recovering
+    assert gate.refusal(now + RECOVER_SECONDS + 0.01) is None
+
+
+# -- the watcher (virtual time) --------------------------------------------------------------
+
+
+@pytest.mark.virtual_time
+async def test_the_watcher_refuses_while_the_hearing_pool_lags_and_admits_again_after() -> None:
+    slow = {"seconds": 0.0}
+
+    async def pool_probe() -> None:  # the empty job waits this long behind hearing work
+        await asyncio.sleep(slow["seconds"])
+
+    streaming = {"n": 0}
+    gate = Admission(Limits(max_streaming=50, max_lag_ms=300), lambda: streaming["n"], pool_probe)
+    assert gate.admit() is None  # starts the watcher
+    await asyncio.sleep(1.0)
+    assert gate.admit() is None and gate.lag_ms < 1
+    slow["seconds"] = 0.5
+    await asyncio.sleep(OVER_SAMPLES * (TICK_SECONDS + 0.5) + 0.1)
+    assert gate.lag_ms == pytest.approx(500, abs=1)
+    assert gate.admit() == "server busy: overloaded"
+    slow["seconds"] = 0.0
+    await asyncio.sleep(RECOVER_SECONDS + 0.5)
+    assert gate.admit() is None
+    streaming["n"] = 50
+    await asyncio.sleep(1.0)  # counted by the watcher
+    assert gate.streaming == 50
+    assert gate.admit() == "server busy: streaming capacity reached"
+    gate._task.cancel()  # type: ignore[union-attr]
+
+
+# -- the consumer --------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def sockets() -> Any:
+    opened: list[WebsocketCommunicator] = []
+    yield opened
+    for communicator in opened:
+        await communicator.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_past_capacity_a_new_device_gets_1013_and_the_connected_one_keeps_talking(
+        sockets: list, settings: Any) -> None:
+    settings.XIAOZHI_MAX_STREAMING_SESSIONS = 2
+    first, second = [await database_sync_to_async(BoundDeviceFactory)() for _ in range(2)]
+    admitted = await session_of(first, sockets)
+    gate = admission_module.admission()
+    gate._task.cancel()  # type: ignore[union-attr]  # the test does the counting: no race with the watcher
+    gate.observe_streaming(2)  # as the watcher would count two listening sessions
+    refused = await open_socket(sockets, headers_for(second))
+    assert await close_of(refused) == (CloseCode.TRY_AGAIN_LATER, "server busy: streaming capacity reached")
+    await assert_alive(admitted)
+    device = await database_sync_to_async(Device.objects.get)(pk=second.pk)
+    assert not device.is_online and device.session_id == ""  # refused before the claim: no DB write
+    gate.observe_streaming(1)
+    await session_of(second, sockets)  # the firmware's retry gets in once there is room
