@@ -31,6 +31,7 @@ from conversations.admin_providers import (
     chains_summary,
     persona_test_view,
     staff_async_view,
+    voice_picker_attrs,
 )
 from conversations.admin_filters import (
     HAS_ERROR,
@@ -45,7 +46,7 @@ from conversations.admin_filters import (
 )
 from conversations.audio_views import turn_audio
 from conversations.gateway.keys import gateway_key_issue, gateway_keys_disconnect, gateway_keys_revoke
-from conversations.models import Conversation, GatewayKey, Persona, Turn
+from conversations.models import DEFAULT_CHAINS, Conversation, GatewayKey, Persona, Turn
 from conversations.review import (
     TURNS_PER_PAGE,
     conversation_export,
@@ -139,6 +140,19 @@ class PersonaAdmin(admin.ModelAdmin):
     def get_urls(self) -> list[URLPattern]:
         view = staff_async_view("conversations.change_persona")(persona_test_view)
         return [path("<path:object_id>/test/", view, name="conversations_persona_test"), *super().get_urls()]
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any,
+                           **kwargs: Any) -> HttpResponse:
+        voice = context["adminform"].form.fields.get("voice")
+        obj = kwargs.get("obj")
+        if voice is not None and obj is not None and obj.pk:
+            # The voices of the saved TTS chain's engines, for the persona's language; the
+            # preview speaks through the chain's first configuration.
+            chain = obj.chain("tts")
+            voice.widget.attrs.update(voice_picker_attrs(
+                kinds=[config.kind for config in chain] or DEFAULT_CHAINS["tts"], language_source="id_language",
+                preview_url=reverse("admin:conversations_providerconfig_test", args=[chain[0].pk]) if chain else ""))
+        return super().render_change_form(request, context, *args, **kwargs)
 
     def get_formset_kwargs(self, request: HttpRequest, obj: Any, inline: Any, prefix: str) -> dict[str, Any]:
         return {**super().get_formset_kwargs(request, obj, inline, prefix), **chain_formset_kwargs(inline, obj)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from functools import wraps
 from typing import Any
@@ -24,7 +25,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseForbidden, JsonResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.cache import never_cache
@@ -40,8 +41,11 @@ from conversations.provider_configs import (
 )
 from conversations.providers import registry
 from conversations.providers.options import option_names
+from conversations.providers.tts.voices import list_voices
 
 AsyncView = Callable[..., Awaitable[HttpResponseBase]]
+MAX_VOICES = 1000  # per kind: a datalist is not a place for more
+logger = logging.getLogger(__name__)
 
 STAGE_LABELS = {"asr": "ASR", "llm": "LLM", "tts": "TTS", "vision": _("Vision")}
 
@@ -75,15 +79,15 @@ class OptionsField(forms.JSONField):
 
 
 class ProviderConfigAdminForm(forms.ModelForm):
-    kind = forms.ChoiceField(label=_("kind"), help_text=_("The provider implementation; it must suit the stage."))
+    kind = forms.ChoiceField(label=_("Kind"), help_text=_("The provider implementation; it must suit the stage."))
     new_api_key = forms.CharField(
-        label=_("API key"), required=False, strip=True, max_length=500,
+        label=_("New API key"), required=False, strip=True, max_length=500,
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
         help_text=_("Write-only: leave empty to keep the current key. Or env:NAME (e.g. env:DEEPSEEK_API_KEY) "
                     "to read it from the environment when a session starts; NAME must end in _API_KEY or _TOKEN."),
     )
     clear_api_key = forms.BooleanField(label=_("Clear the API key"), required=False)
-    options = OptionsField(label=_("options"), required=False)
+    options = OptionsField(label=_("Options"), required=False)
 
     class Meta:
         model = ProviderConfig
@@ -111,8 +115,8 @@ class ProviderConfigAdminForm(forms.ModelForm):
 # --- live tests ("Test" buttons) -----------------------------------------------------------------
 
 
-def staff_async_view(permission: str) -> Callable[[AsyncView], AsyncView]:
-    """An async admin view: POST only, CSRF-checked, never cached, for active staff with
+def staff_async_view(permission: str, method: str = "POST") -> Callable[[AsyncView], AsyncView]:
+    """An async admin view: one method, CSRF-checked, never cached, for active staff with
     `permission`. Async so a test waiting on a slow endpoint holds no worker thread."""
 
     def decorate(view: AsyncView) -> AsyncView:
@@ -121,8 +125,8 @@ def staff_async_view(permission: str) -> Callable[[AsyncView], AsyncView]:
             user = await request.auser()
             if not (user.is_active and user.is_staff and await user.ahas_perm(permission)):
                 return HttpResponseForbidden()
-            if request.method != "POST":
-                return JsonResponse({"error": "POST only"}, status=405)
+            if request.method != method:
+                return JsonResponse({"error": f"{method} only"}, status=405)
             return await view(request, *args, **kwargs)
 
         return csrf_protect(never_cache(inner))
@@ -171,6 +175,24 @@ async def config_test_view(request: HttpRequest, object_id: str) -> HttpResponse
         voice=request.POST.get("voice", "")[:100], model=settings.LLM_MODEL, text=request.POST.get("text", ""),
     )
     return probe_response(result)
+
+
+async def voices_view(request: HttpRequest) -> HttpResponseBase:
+    """The voices of the TTS kinds asked for (`?kind=edge&kind=piper&language=zh`), for the
+    voice pickers' <datalist>: each engine's own catalogue (voices.list_voices)."""
+    kinds = [kind for kind in request.GET.getlist("kind")[:5] if kind in registry.REGISTRY["tts"]]
+    language = request.GET.get("language", "")
+    language = language if language in dict(LANGUAGES) else None
+    voices: list[dict[str, str]] = []
+    for kind in dict.fromkeys(kinds):
+        try:
+            found = await list_voices(kind, language)
+        except Exception:  # a catalogue that cannot be read offers nothing, the box stays free text
+            logger.warning("voice catalogue unavailable", exc_info=True, extra={"kind": kind})
+            continue
+        voices += [{"kind": kind, "name": v.name, "language": v.language, "label": v.label, "gender": v.gender}
+                   for v in found[:MAX_VOICES]]
+    return JsonResponse({"voices": voices})
 
 
 async def persona_test_view(request: HttpRequest, object_id: str) -> HttpResponseBase:
@@ -224,10 +246,22 @@ class ProviderConfigAdmin(admin.ModelAdmin):
         return super().get_queryset(request).annotate(persona_count=Count("persona_links__persona", distinct=True))
 
     def get_urls(self) -> list[URLPattern]:
-        view = staff_async_view("conversations.change_providerconfig")(config_test_view)
-        return [path("<path:object_id>/test/", view, name="conversations_providerconfig_test"), *super().get_urls()]
+        test = staff_async_view("conversations.change_providerconfig")(config_test_view)
+        voices = staff_async_view("conversations.view_providerconfig", method="GET")(voices_view)
+        return [path("voices/", voices, name="conversations_providerconfig_voices"),
+                path("<path:object_id>/test/", test, name="conversations_providerconfig_test"), *super().get_urls()]
 
-    @admin.display(description=_("API key"))
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any,
+                           **kwargs: Any) -> HttpResponse:
+        voice = context["adminform"].form.fields.get("voice")
+        if voice is not None:
+            obj = kwargs.get("obj")
+            voice.widget.attrs.update(voice_picker_attrs(
+                kind_source="id_kind", stage_source="id_stage", language_choices=True,
+                preview_url=reverse("admin:conversations_providerconfig_test", args=[obj.pk]) if obj else ""))
+        return super().render_change_form(request, context, *args, **kwargs)
+
+    @admin.display(description=_("Stored API key"))
     def api_key_status(self, config: ProviderConfig) -> str:
         return key_status(config)
 
@@ -244,6 +278,29 @@ class ProviderConfigAdmin(admin.ModelAdmin):
         if not config.kind:
             return "-"
         return ", ".join(option_names(config.stage, config.kind)) or gettext("none")
+
+
+def voice_picker_attrs(*, kinds: list[str] | None = None, kind_source: str = "", stage_source: str = "",
+                       language_source: str = "", language_choices: bool = False,
+                       preview_url: str = "") -> dict[str, str]:
+    """Attributes that make voice_picker.js turn a voice box into a picker: a <datalist> of
+    the engine's voices for the language, and a preview button (the config's Test endpoint)."""
+    attrs = {"data-voice-picker": "1", "data-voices-url": reverse("admin:conversations_providerconfig_voices"),
+             "data-preview-label": gettext("Preview"), "data-all-languages": gettext("all languages"),
+             "autocomplete": "off"}
+    if kinds is not None:
+        attrs["data-kinds"] = ",".join(kinds)
+    if kind_source:
+        attrs["data-kind-source"] = kind_source
+    if stage_source:
+        attrs["data-stage-source"] = stage_source
+    if language_source:
+        attrs["data-language-source"] = language_source
+    if language_choices:
+        attrs["data-languages"] = json.dumps([[code, str(label)] for code, label in LANGUAGES], ensure_ascii=False)
+    if preview_url:
+        attrs["data-preview-url"] = preview_url
+    return attrs
 
 
 # --- a persona's chains -------------------------------------------------------------------------

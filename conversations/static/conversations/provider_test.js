@@ -17,7 +17,7 @@
   }
 
   function post(url, fields) {
-    var body = new FormData();
+    var body = new URLSearchParams();  // urlencoded: an empty multipart body is a 400
     Object.keys(fields || {}).forEach(function (key) { if (fields[key]) { body.append(key, fields[key]); } });
     return fetch(url, {method: "POST", body: body, credentials: "same-origin",
                        headers: {"X-CSRFToken": csrfToken()}});
@@ -36,10 +36,19 @@
     });
   }
 
+  /* The JSON body, or {error: "HTTP 403"} for a reply that is not JSON (a proxy's page). */
+  function readJson(response) {
+    return response.text().then(function (text) {
+      try { return JSON.parse(text); } catch (e) {
+        return {error: labels().failed + " HTTP " + response.status + " " + response.statusText};
+      }
+    });
+  }
+
   function answer(response, audio) {
     var type = response.headers.get("Content-Type") || "";
     if (response.ok && type.indexOf("audio/") === 0) { return playAudio(response, audio); }
-    return response.json().then(function (data) { return data.summary || data.error || String(response.status); });
+    return readJson(response).then(function (data) { return data.summary || data.error; });
   }
 
   function runConfig(button) {
@@ -72,9 +81,9 @@
     button.disabled = true;
     output.textContent = labels().running;
     post(button.dataset.personaProbeUrl, {})
-      .then(function (response) { return response.json(); })
+      .then(readJson)
       .then(function (data) {
-        output.textContent = "";
+        output.textContent = data.error || "";
         body.textContent = "";
         (data.results || []).forEach(function (result) {
           var row = document.createElement("tr");
