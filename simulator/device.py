@@ -37,7 +37,14 @@ from devices.protocol.errors import ProtocolError
 from devices.protocol.opus import OpusEncoder
 from simulator import ota, transport
 from simulator.echo import EchoPath
-from simulator.events import DeviceError, DeviceTimeout, Event, EventLog, Match, predicate
+from simulator.events import (
+    DeviceError,
+    DeviceTimeout,
+    Event,
+    EventLog,
+    Match,
+    predicate,
+)
 from simulator.mcp_server import DeviceMcpServer
 from simulator.speaker import DownlinkFrame, Speaker
 

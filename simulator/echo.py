@@ -56,7 +56,7 @@ class EchoPath:
         samples = np.frombuffer(resample(pcm, rate, RATE) if rate != RATE else pcm, "<i2").astype(np.float32)
         if not self.t0:
             self.t0 = start
-        begin = int(round((start - self.t0) * RATE)) - self._origin
+        begin = round((start - self.t0) * RATE) - self._origin
         end = begin + len(samples)
         if end > len(self._out):
             self._out = np.concatenate([self._out, np.zeros(end - len(self._out), np.float32)])
@@ -67,7 +67,7 @@ class EchoPath:
     def cut(self, at: float) -> None:
         """Nothing plays after `at` (the decode queue was reset): drop what was scheduled."""
         if self.t0:
-            begin = max(0, int(round((at - self.t0) * RATE)) - self._origin)
+            begin = max(0, round((at - self.t0) * RATE) - self._origin)
             self._out[begin:] = 0.0
 
     def echo(self, start: float, samples: int) -> np.ndarray:
@@ -75,9 +75,9 @@ class EchoPath:
         out = np.zeros(samples, np.float32)
         if not self.t0:
             return out
-        first = int(round((start - self.t0) * RATE)) - self._origin
+        first = round((start - self.t0) * RATE) - self._origin
         for tap_ms, tap_gain in self.taps:
-            lag = int(round((self.delay_ms + tap_ms) * RATE / 1000))
+            lag = round((self.delay_ms + tap_ms) * RATE / 1000)
             lo, hi = first - lag, first - lag + samples
             a, b = max(lo, 0), min(hi, len(self._out))
             if a < b:

@@ -23,9 +23,11 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from conversations.pipeline.aio import cancel_and_wait
 from conversations.pipeline.cpu_pool import CpuMill
+from conversations.pipeline.echo import EchoCanceller, ReferenceRing
 from conversations.pipeline.endpointing import (
     BYTES_PER_MS,
     PREROLL_MS,
@@ -36,7 +38,6 @@ from conversations.pipeline.endpointing import (
     Mark,
     VADSettings,
 )
-from conversations.pipeline.echo import EchoCanceller, ReferenceRing
 from conversations.providers.base import AEC, VAD
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,7 @@ class Hearing:
             item = self._queue.popleft()
             if item is _FLUSH:
                 return batch, arrivals, stamps, True
-            packet, arrived, stamp = item  # type: ignore[misc]
+            packet, arrived, stamp = cast("tuple[bytes, float, int]", item)
             batch.append(packet)
             arrivals.append(arrived)
             stamps.append(stamp)

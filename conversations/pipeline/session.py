@@ -25,12 +25,23 @@ from typing import Any
 from conversations.pipeline import phrases
 from conversations.pipeline.aio import TaskSet
 from conversations.pipeline.commands import (
-    BadCommand, activation_text, call_request, command_message, command_name, mcp_result,
+    BadCommand,
+    activation_text,
+    call_request,
+    command_message,
+    command_name,
+    mcp_result,
     say_text,
 )
 from conversations.pipeline.config import SessionConfig, SessionInfo
 from conversations.pipeline.contracts import (
-    EngineContext, EngineFactory, NullEngine, NullHooks, SessionHooks, Transport, VoiceEngine,
+    EngineContext,
+    EngineFactory,
+    NullEngine,
+    NullHooks,
+    SessionHooks,
+    Transport,
+    VoiceEngine,
     null_engine_factory,
 )
 from conversations.pipeline.device_mcp import DeviceMcpLink
@@ -38,15 +49,29 @@ from conversations.pipeline.echo import DownlinkStamps
 from conversations.pipeline.limits import FrameGate
 from conversations.pipeline.ordered_jobs import OrderedJobs
 from conversations.pipeline.states import (
-    TRANSITIONS, CloseCode, IllegalTransition, SessionState, check_transition,
+    TRANSITIONS,
+    CloseCode,
+    IllegalTransition,
+    SessionState,
+    check_transition,
 )
 from conversations.pipeline.toolset import build_toolset
 from conversations.pipeline.watchdog import Watchdog
 from devices.protocol.binary import encode_audio, negotiate_version
 from devices.protocol.codec import encode_json
 from devices.protocol.messages import (
-    Abort, AudioParams, Goodbye, Hello, ListenDetect, ListenStart, ListenStop, Mcp, Message,
-    ServerHello, TtsStart, TtsStop,
+    Abort,
+    AudioParams,
+    Goodbye,
+    Hello,
+    ListenDetect,
+    ListenStart,
+    ListenStop,
+    Mcp,
+    Message,
+    ServerHello,
+    TtsStart,
+    TtsStop,
 )
 from tools.errors import ToolError
 from tools.mcp.device import DISCONNECTED

@@ -7,14 +7,16 @@ from typing import Any
 
 import pytest
 
+import conversations.tests.test_engine as engine_tests
 from conversations.pipeline.endpointing import CONFIRM_GAP_MS, Ear, VADSettings
 from conversations.tests.fakes import listen
 from devices.protocol.messages import Stt, TtsStop
-from conversations.tests.test_engine import make_persona, rig  # noqa: F401 - the fixture
 from testing.speech import speak
 
 pytestmark = pytest.mark.virtual_time
 WINDOW_MS = 32.0
+rig = engine_tests.rig  # the engine tests' session + engine rig (a fixture)
+make_persona = engine_tests.make_persona
 
 
 class WindowVAD:
