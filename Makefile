@@ -9,7 +9,7 @@ STAMP := $(VENV)/.deps-installed
 APT_PACKAGES := libopus0 espeak-ng gettext chromium chromium-driver fonts-wqy-microhei fonts-noto-color-emoji
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast system-deps deps translations messages bench clean
+.PHONY: run test test-fast lint system-deps deps translations messages bench clean
 
 run: system-deps deps translations
 	$(PY) -m xiaozhi_site.runner
@@ -20,6 +20,13 @@ test: system-deps deps translations
 # Unit tier only: no server processes, no Whisper.
 test-fast: deps translations
 	$(PY) -m pytest -m "not e2e and not slow" $(PYTEST_ARGS)
+
+# ruff (pyflakes, pycodestyle, bugbear, async rules, ...) and mypy with the django-stubs plugin;
+# both are configured in pyproject.toml. `.ci/run` runs this before the tests.
+MYPY_PATHS := bench conftest.py conversations dashboard devices manage.py simulator testing tools xiaozhi_site
+lint: deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy $(MYPY_PATHS)
 
 system-deps:
 	@if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || ! $(PYTHON) -c "import venv, ensurepip" 2>/dev/null; then \

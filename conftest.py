@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -86,7 +86,8 @@ def pytest_asyncio_loop_factories(
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator:
+def pytest_runtest_makereport(item: pytest.Item,
+                               call: pytest.CallInfo) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     # With the tier on, nothing in it may be skipped: a skip would hide a broken service.
     if INTEGRATION and report.skipped and "integration" in item.keywords:

@@ -68,7 +68,7 @@ def verdict(label: str, ok: bool, detail: str) -> str:
 
 
 def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _first_line_with(path: str, prefix: str) -> str:

@@ -39,7 +39,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
 UNCAPPED = {"CLOUD_MAX_DETACHED_SESSIONS": "1000000", "CLOUD_SESSION_HISTORY_BYTES": str(2**40)}
-CONFIGS = (("caps lifted (as before)", UNCAPPED), ("defaults", {}))
+CONFIGS: tuple[tuple[str, dict[str, str]], ...] = (("caps lifted (as before)", UNCAPPED), ("defaults", {}))
 
 
 def _serve_fake(urls: Any, stop: Any) -> None:

@@ -106,10 +106,13 @@ class Reply:
 class LightDevice:
     """One device connection. `connect()`, `hello()`, then stream or idle; `close()`."""
 
-    def __init__(self, ws_url: str, mac: str, *, mcp: bool = True, keep_audio: bool = False) -> None:
+    def __init__(self, ws_url: str, mac: str, *, mcp: bool = True, keep_audio: bool = False, token: str = "",
+                 client_id: str | None = None, headers: dict[str, str] | None = None) -> None:
         self.ws_url = ws_url
         self.mac = mac
-        self.client_id = str(uuid.uuid4())
+        self.token = token
+        self.extra_headers = headers or {}
+        self.client_id = client_id or str(uuid.uuid4())
         self.keep_audio = keep_audio
         self.features: dict[str, Any] = {"mcp": True} if mcp else {}
         self._mcp = DeviceMcpServer.default() if mcp else None
@@ -133,7 +136,7 @@ class LightDevice:
     # -- connection ---------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        headers = transport.handshake_headers("", 1, self.mac, self.client_id)
+        headers = {**transport.handshake_headers(self.token, 1, self.mac, self.client_id), **self.extra_headers}
         self.ws = await transport.open_connection(self.ws_url, headers)
         self._receiver = asyncio.create_task(self._receive(self.ws))
 
@@ -150,7 +153,8 @@ class LightDevice:
         await self.ws.send(self.hello_text())
         closed = asyncio.ensure_future(self.closed.wait())
         try:  # a refused socket (e.g. 1013) ends the wait at once, not at the timeout
-            await asyncio.wait({self._hello, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {self._hello, closed}
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             closed.cancel()
         if not self._hello.done():
@@ -237,8 +241,9 @@ class LightDevice:
         except Exception as exc:  # noqa: BLE001 - record, never crash the load
             self.errors.append(f"{type(exc).__name__}: {exc}")
         finally:
-            if ws.close_rcvd is not None:
-                self.close_code, self.close_reason = ws.close_rcvd.code, ws.close_rcvd.reason
+            received = ws.protocol.close_rcvd  # the server's close frame (ClientConnection has no close_rcvd)
+            if received is not None:
+                self.close_code, self.close_reason = received.code, received.reason
             self.closed.set()
             self._wake()
 

@@ -268,7 +268,8 @@ async def run_step(bench: BenchServer, step: Step, loops: Loops, duration: float
 
 def row(step: Step) -> list[str]:
     return [
-        step.mode, step.mix, str(step.devices), f"{step.connected}", str(step.sent), str(step.packets), str(step.dropped),
+        step.mode, step.mix, str(step.devices), f"{step.connected}", str(step.sent), str(step.packets),
+        str(step.dropped),
         fmt(step.lag_percentile(0.5)), fmt(step.lag_percentile(0.99)), fmt(step.lag_max_ms),
         fmt(median(step.probe_ms), 1), fmt(percentile(step.probe_ms, 0.99), 1),
         fmt(percentile(step.late_ms, 0.99), 1) if step.late_ms else "0.0",

@@ -132,12 +132,17 @@ def report(result: Result, args: argparse.Namespace) -> None:
     over = sum(a > MAX_AHEAD for a in every)
     early = [max(0.0, a - MAX_AHEAD) * FRAME_S * 1000 for a in every]
     print(md_table(["figure", "p50", "p99", "max", "target"], [
-        ["frames per reply", fmt(median([r.frames for r in replies]), 0), "", fmt(max((r.frames for r in replies), default=nan), 0), ""],
-        ["frames ahead of the playout clock, every frame", fmt(median(every), 2), fmt(percentile(every, 0.99), 2), fmt(max(every, default=nan), 2), "≤ 3"],
-        ["  beyond the 3-frame lead, ms (arrival jitter)", fmt(median(early)), fmt(percentile(early, 0.99)), fmt(max(early, default=nan)), f"≤ {JITTER_S * 1000:.0f} allowed"],
-        ["max lateness behind the playout clock per reply, ms", fmt(median(behind)), "", fmt(max(behind, default=nan)), "≤ 60 (1 frame)"],
+        ["frames per reply", fmt(median([r.frames for r in replies]), 0), "",
+         fmt(max((r.frames for r in replies), default=nan), 0), ""],
+        ["frames ahead of the playout clock, every frame", fmt(median(every), 2), fmt(percentile(every, 0.99), 2),
+         fmt(max(every, default=nan), 2), "≤ 3"],
+        ["  beyond the 3-frame lead, ms (arrival jitter)", fmt(median(early)), fmt(percentile(early, 0.99)),
+         fmt(max(early, default=nan)), f"≤ {JITTER_S * 1000:.0f} allowed"],
+        ["max lateness behind the playout clock per reply, ms", fmt(median(behind)), "",
+         fmt(max(behind, default=nan)), "≤ 60 (1 frame)"],
         ["frames arriving after their playout slot", "", "", str(sum(r.late_frames for r in replies)), ""],
-        ["`tts stop` − end of playout per reply, ms", fmt(median(margins)), "", f"min {fmt(min(margins, default=nan))}", "≥ 0"],
+        ["`tts stop` − end of playout per reply, ms", fmt(median(margins)), "",
+         f"min {fmt(min(margins, default=nan))}", "≥ 0"],
         ["frames a 40-packet device queue would drop", "", "", str(sum(a > DEVICE_QUEUE for a in every)), "0"],
         ["frames not decodable as one 60 ms Opus frame", "", "", str(sum(r.bad_frames for r in replies)), "0"],
     ]))  # fmt: skip

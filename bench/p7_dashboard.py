@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
-from bench.common import fmt, header, md_table, percentile, verdict  # noqa: E402
+from common import fmt, header, md_table, percentile, verdict  # noqa: E402  (bench/common.py, beside this script)
 
 TARGET_MS = 300.0
 TURNS_PER_CONVERSATION = 10
@@ -164,9 +164,11 @@ def fill(turns: int, devices: int, days: float) -> dict[str, Any]:
         "providers": """CASE WHEN c.source = 'device' THEN jsonb_build_object('asr', 'faster_whisper', 'llm', 'openai',
             'tts', CASE WHEN r < 0.05 THEN 'edge,espeak' ELSE 'edge' END)
             ELSE jsonb_build_object('llm', 'openai', 'model', 'bench') END""",
-        "tool_calls": """CASE WHEN r > 0.9 THEN jsonb_build_array(jsonb_build_object('name', 'self.audio_speaker.set_volume',
+        "tool_calls": """CASE WHEN r > 0.9 THEN jsonb_build_array(jsonb_build_object(
+            'name', 'self.audio_speaker.set_volume',
             'llm_name', 'self_audio_speaker_set_volume', 'source', 'device', 'arguments', '{}'::jsonb,
-            'result', 'true', 'success', r < 0.99, 'duration_ms', 12.5, 'error', CASE WHEN r < 0.99 THEN '' ELSE 'timeout' END))
+            'result', 'true', 'success', r < 0.99, 'duration_ms', 12.5,
+            'error', CASE WHEN r < 0.99 THEN '' ELSE 'timeout' END))
             ELSE '[]'::jsonb END""",
         "error": "CASE WHEN r BETWEEN 0.50 AND 0.52 THEN 'llm: Error code: 503 - upstream overloaded' ELSE '' END",
         "interrupted": "r BETWEEN 0.60 AND 0.63",
@@ -202,8 +204,8 @@ def load(url: str, cookie: str) -> tuple[float, int, int]:
     return (time.perf_counter() - started) * 1000, status, len(body)
 
 
-def measure(base_url: str, paths: list[str], cookie: str, loads: int) -> list[list[object]]:
-    rows: list[list[object]] = []
+def measure(base_url: str, paths: list[str], cookie: str, loads: int) -> list[list[str]]:
+    rows: list[list[str]] = []
     for path in paths:
         for _ in range(2):
             load(base_url + path, cookie)  # warm-up: connections, caches, template loading

@@ -84,7 +84,11 @@ def run_p2(result: Result, args: argparse.Namespace) -> None:
     persona = {**FAKE_PERSONA, "language": "en", "vad_min_silence_ms": p2.SILENCE_WINDOW_MS, "greeting": ""}
     duration = min(args.stream_duration, 26.0)
     with BenchServer(persona=persona, env=env_for(result.mode, args.streams), prefix=f"p8-p2-{result.mode}-") as bench:
-        (step,) = asyncio.run(p2.run(bench, [args.streams], duration))
+        # P2's step on this server (whose env sets the recording mode), the DTX mix P8 always used;
+        # p2.run starts servers of its own, so it cannot take this one.
+        dtx = p2.speech_loop()
+        step = p2.Step(args.streams, mix="dtx")
+        asyncio.run(p2.run_step(bench, step, p2.Loops(dtx=dtx, noise=dtx), duration))
     result.p2_lag_p50, result.p2_lag_p99 = step.lag_percentile(0.5), step.lag_percentile(0.99)
     result.p2_dropped = step.dropped
     result.p2_cpu = core_share(step.server_cpu, step.seconds)

@@ -16,7 +16,7 @@ from django.contrib import admin
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseNotAllowed, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -139,7 +139,9 @@ class PersonaAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         view = staff_async_view("conversations.change_persona")(persona_test_view)
-        return [path("<path:object_id>/test/", view, name="conversations_persona_test"), *super().get_urls()]
+        # django-stubs' path() knows sync views only; Django serves async ones too.
+        route = path("<path:object_id>/test/", view, name="conversations_persona_test")  # type: ignore[arg-type]
+        return [route, *super().get_urls()]
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any,
                            **kwargs: Any) -> HttpResponse:
@@ -241,12 +243,13 @@ class ConversationAdmin(admin.ModelAdmin):
         ]
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponseBase:
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if request.method not in ("GET", "HEAD"):
             return HttpResponseNotAllowed(["GET", "HEAD"])
         conversation = self._viewable(request, object_id)
         if conversation is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            # A private ModelAdmin helper (not in django-stubs): the admin's own "not found" redirect.
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)  # type: ignore[attr-defined]
         page, turns = conversation_turns_page(conversation, request.GET.get("page"), _audio_url)
         title = conversation_title(conversation, getattr(conversation, "turn_count", page.paginator.count))
         context = {
@@ -307,10 +310,11 @@ class TurnAdmin(admin.ModelAdmin):
         return queryset.filter(Q(user_text__icontains=term) | Q(reply_text__icontains=term)), False
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponseBase:
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
         turn = self.get_object(request, unquote(object_id))
         if turn is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            # A private ModelAdmin helper (not in django-stubs): the admin's own "not found" redirect.
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)  # type: ignore[attr-defined]
         if not self.has_view_permission(request, turn):
             raise PermissionDenied
         url = reverse("admin:conversations_conversation_change", args=[turn.conversation_id])
@@ -365,9 +369,9 @@ class GatewayKeyAdmin(admin.ModelAdmin):
     list_select_related = ("persona",)
     actions = ("revoke",)
 
-    def get_fields(self, request: HttpRequest, obj: GatewayKey | None = None) -> list[str]:
-        fields = ["name", "persona", "requests_per_minute", "max_connections"]
-        return fields if obj is None else fields + ["prefix", "created_at", "last_used_at", "revoked_at"]
+    def get_fields(self, request: HttpRequest, obj: GatewayKey | None = None) -> tuple[str, ...]:
+        fields = ("name", "persona", "requests_per_minute", "max_connections")
+        return fields if obj is None else (*fields, "prefix", "created_at", "last_used_at", "revoked_at")
 
     def get_readonly_fields(self, request: HttpRequest, obj: GatewayKey | None = None) -> list[str]:
         return [] if obj is None else ["prefix", "created_at", "last_used_at", "revoked_at"]

@@ -138,7 +138,8 @@ class EmotionFilter(admin.SimpleListFilter):
     parameter_name = "emotion"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, Any]]:
-        return [(emotion, f"{emoji} {EMOTION_LABELS.get(emotion, emotion)}") for emotion, emoji in sorted(EMOTION_EMOJI.items())]
+        return [(emotion, f"{emoji} {EMOTION_LABELS.get(emotion, emotion)}")
+                for emotion, emoji in sorted(EMOTION_EMOJI.items())]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         return queryset.filter(emotion=self.value()) if self.value() else queryset

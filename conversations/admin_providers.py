@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from functools import wraps
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.conf import settings
@@ -95,8 +95,10 @@ class ProviderConfigAdminForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["kind"].choices = kind_choices()
-        self.fields["kind"].initial = self.instance.kind or None
+        kind = self.fields["kind"]
+        assert isinstance(kind, forms.ChoiceField)
+        kind.choices = kind_choices()
+        kind.initial = self.instance.kind or None
 
     def clean_new_api_key(self) -> str:
         key = self.cleaned_data.get("new_api_key", "")
@@ -109,7 +111,7 @@ class ProviderConfigAdminForm(forms.ModelForm):
             self.instance.api_key = ""
         elif self.cleaned_data.get("new_api_key"):
             self.instance.api_key = self.cleaned_data["new_api_key"]
-        super()._post_clean()
+        super()._post_clean()  # type: ignore[misc]  # Django's private ModelForm hook, not in django-stubs
 
 
 # --- live tests ("Test" buttons) -----------------------------------------------------------------
@@ -181,8 +183,8 @@ async def voices_view(request: HttpRequest) -> HttpResponseBase:
     """The voices of the TTS kinds asked for (`?kind=edge&kind=piper&language=zh`), for the
     voice pickers' <datalist>: each engine's own catalogue (voices.list_voices)."""
     kinds = [kind for kind in request.GET.getlist("kind")[:5] if kind in registry.REGISTRY["tts"]]
-    language = request.GET.get("language", "")
-    language = language if language in dict(LANGUAGES) else None
+    asked = request.GET.get("language", "")
+    language = asked if asked in dict(LANGUAGES) else None
     voices: list[dict[str, str]] = []
     for kind in dict.fromkeys(kinds):
         try:
@@ -248,8 +250,10 @@ class ProviderConfigAdmin(admin.ModelAdmin):
     def get_urls(self) -> list[URLPattern]:
         test = staff_async_view("conversations.change_providerconfig")(config_test_view)
         voices = staff_async_view("conversations.view_providerconfig", method="GET")(voices_view)
-        return [path("voices/", voices, name="conversations_providerconfig_voices"),
-                path("<path:object_id>/test/", test, name="conversations_providerconfig_test"), *super().get_urls()]
+        # django-stubs' path() knows sync views only; Django serves async ones too.
+        return [path("voices/", voices, name="conversations_providerconfig_voices"),  # type: ignore[arg-type]
+                path("<path:object_id>/test/", test, name="conversations_providerconfig_test"),  # type: ignore[arg-type]
+                *super().get_urls()]
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any,
                            **kwargs: Any) -> HttpResponse:
@@ -360,7 +364,7 @@ class ChainInline(admin.TabularInline):
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
-        formset = super().get_formset(request, obj, **kwargs)
+        formset = cast("type[ChainFormSet]", super().get_formset(request, obj, **kwargs))  # built on `formset`
         formset.stage = self.stage
         return formset
 

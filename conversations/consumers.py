@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
@@ -39,6 +40,9 @@ from devices.presence_writer import offline_writer
 from devices.protocol.close_codes import CloseCode
 from devices.protocol.commands import command_name, mcp_result, replaced_event
 
+if TYPE_CHECKING:
+    from asgiref.typing import WebSocketDisconnectEvent
+
 logger = logging.getLogger(__name__)
 
 # How long a closing socket waits for its offline write (the writer carries on regardless).
@@ -50,7 +54,7 @@ def voice_engine_factory(ctx: EngineContext) -> VoiceEngine:
     return FullVoiceEngine(ctx)
 
 
-def _prepare(auth: DeviceAuthResult, scope: dict[str, Any], channel_name: str) -> tuple[SessionConfig, int, str]:
+def _prepare(auth: DeviceAuthResult, scope: Mapping[str, Any], channel_name: str) -> tuple[SessionConfig, int, str]:
     """Session configuration, and the device claimed for this socket (sync, ORM, one hop).
 
     Returns the config, the persona id and the channel of the connection this one replaces.
@@ -78,7 +82,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self._slot: bool | None = None  # the `bound` flag of the slot this socket holds
         self._claimed: str | None = None  # session id written on the device row
         self._commands = TaskSet("device commands")
-        auth: DeviceAuthResult = self.scope.get("device_auth") or NOT_AUTHENTICATED
+        auth = self.scope.get("device_auth")  # set by DeviceAuthMiddleware
+        if not isinstance(auth, DeviceAuthResult):
+            auth = NOT_AUTHENTICATED
         if not auth.ok or auth.device is None:
             await self._refuse(auth.close_code or CloseCode.AUTH_FAILED, auth.reason or "refused")
             return
@@ -170,7 +176,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         elif bytes_data is not None:
             await session.feed_bytes(bytes_data)
 
-    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+    async def websocket_disconnect(self, message: WebSocketDisconnectEvent) -> None:
         # As dispatch above: no trip through the sync thread before the session is closed,
         # so a tool call waiting on this device fails at once instead of at its timeout.
         await self.disconnect(message.get("code", 1006))

@@ -206,7 +206,8 @@ class Persona(models.Model):
     greeting = models.CharField(
         _("greeting"), max_length=300, blank=True, help_text=_("Spoken when the wake word is detected.")
     )
-    exit_phrases = models.JSONField(_("exit phrases"), default=list, blank=True, help_text=_('e.g. ["goodbye", "再见"]'))
+    exit_phrases = models.JSONField(_("exit phrases"), default=list, blank=True,
+                                    help_text=_('e.g. ["goodbye", "再见"]'))
     farewell = models.CharField(
         _("farewell"), max_length=300, default="Goodbye!", blank=True,
         help_text=_(

@@ -100,7 +100,7 @@ async def probe(
         if close is not None:
             try:
                 await close()
-            except Exception:  # noqa: S110 - closing a client we are done with
+            except Exception:  # noqa: BLE001 - closing a client we are done with
                 pass
     return result
 

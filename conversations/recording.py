@@ -23,6 +23,7 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import close_old_connections, transaction
+from django.db.models import FileField
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
@@ -138,6 +139,7 @@ def _store_track(turn: Turn, which: str, track: AudioTrack) -> tuple[str, int] |
         logger.warning("invalid Opus packets left out of turn audio",
                        extra={"turn_id": turn.pk, "track": which, "skipped": ogg.skipped})
     field = Turn._meta.get_field(f"{which}_audio")
+    assert isinstance(field, FileField)
     filename = field.generate_filename(turn, f"{turn.conversation.pk}-{turn.index}-{which}.ogg")
     name = default_storage.save(filename, ContentFile(ogg.data))
     return name, ogg.duration_ms
@@ -177,6 +179,6 @@ def audio_files_delete(names: Iterable[str]) -> int:
 def _delete_files_with_turn(sender: type[Turn], instance: Turn, **kwargs: Any) -> None:
     # However a turn goes (admin, retention, a deleted conversation), its files go too,
     # once the deletion is committed (a rolled-back delete keeps them).
-    names = [instance.user_audio.name, instance.reply_audio.name]
-    if any(names):
+    names = [name for name in (instance.user_audio.name, instance.reply_audio.name) if name]
+    if names:
         transaction.on_commit(lambda: audio_files_delete(names))

@@ -164,7 +164,7 @@ def conversation_subject(conversation: Conversation) -> str:
 # --- the conversation page --------------------------------------------------------------------
 
 
-def conversation_turns_page(conversation: Conversation, page_number: object, audio_url: Callable[[int, str], str]
+def conversation_turns_page(conversation: Conversation, page_number: str | None, audio_url: Callable[[int, str], str]
                             ) -> tuple[Page, list[TurnView]]:
     turns = Turn.objects.filter(conversation=conversation).order_by("index")
     page = Paginator(turns, TURNS_PER_PAGE).get_page(page_number)
@@ -275,13 +275,14 @@ def tool_call_view(call: dict[str, Any]) -> ToolCallView:
 def pretty_json(value: object) -> str:
     """Indented JSON; a string holding JSON (tool results usually do) is unpacked first."""
     if isinstance(value, str):
-        text = value.strip()
+        raw = value
+        text = raw.strip()
         if text[:1] not in ("{", "["):
-            return value
+            return raw
         try:
             value = json.loads(text)
         except ValueError:
-            return value
+            return raw
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 

@@ -8,7 +8,7 @@ ORM or django.conf. Called once per connection, inside the consumer's single
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -114,7 +114,7 @@ def session_config_for(
     )
 
 
-def request_base_url(scope: dict[str, Any]) -> str:
+def request_base_url(scope: Mapping[str, Any]) -> str:
     """http(s)://host[:port] the device reached us at, from a WebSocket scope.
 
     The firmware's Host header has no port (protocol-reference §2.1), so the listening port

@@ -80,9 +80,16 @@ def page(request: HttpRequest, persona_id: int) -> HttpResponse:
         **admin.site.each_context(request), "opts": Persona._meta, "persona": persona, "original": persona,
         "title": _("Try %(name)s") % {"name": persona.name},
         "reply_url": reverse("conversations_persona_try_reply", args=[persona.pk]),
+        "llm_chain": chain_names(persona, "llm"), "tts_chain": chain_names(persona, "tts"),
         "max_message_chars": MAX_MESSAGE_CHARS, "llm_timeout": settings.LLM_TIMEOUT,
     }
     return TemplateResponse(request, "admin/conversations/persona/try.html", context)
+
+
+def chain_names(persona: Persona, stage: str) -> str:
+    """The stage's provider configurations by name, in order (the kinds when none is set)."""
+    names = [config.name for config in persona.chain(stage)]
+    return ", ".join(names or getattr(persona, f"{stage}_providers"))
 
 
 @require_POST

@@ -91,8 +91,8 @@ def release_adoption() -> list[ReleaseAdoption]:
     running: dict[int, int] = defaultdict(int)
     adopted: dict[int, int] = defaultdict(int)
     by_board: dict[str, list[FirmwareRelease]] = defaultdict(list)
-    for release in active:
-        by_board[release.board_type].append(release)
+    for annotated in active:
+        by_board[annotated.board_type].append(annotated)
     for pk, mac, board, version in devices:
         eligible = [r for r in by_board[board] if _targets(r, pk, mac, allowlists)]
         for release in eligible:
@@ -141,5 +141,6 @@ def fleet_json(fleet: FleetFigures) -> dict[str, object]:
                     "versions": [{"version": v, "devices": n} for v, n in b.versions]} for b in fleet.boards],
         "releases": [{"id": a.release.pk, "board_type": a.release.board_type, "version": a.release.version,
                       "rollout_percent": a.release.rollout_percent, "targeted": a.targeted, "offered": a.offered,
-                      "running": a.running, "adopted": a.adopted, "adoption": round(a.adoption, 4)} for a in fleet.releases],
+                      "running": a.running, "adopted": a.adopted, "adoption": round(a.adoption, 4)}
+                     for a in fleet.releases],
     }

@@ -45,7 +45,7 @@ class _Query(forms.Form):
         return Scope(persona_id=persona.pk if persona else None, source=self.cleaned_data.get("source") or None)
 
     def error_text(self) -> str:
-        return "; ".join(f"{name}: {' '.join(errors)}" for name, errors in self.errors.items())
+        return "; ".join(f"{name}: {' '.join(str(e) for e in errors)}" for name, errors in self.errors.items())
 
 
 class DashboardQuery(_Query):

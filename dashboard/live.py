@@ -133,7 +133,7 @@ class RedisStore:
         if not ids:
             return []
         values = self._sync.mget([_KEY_PREFIX + process_id for process_id in ids])
-        gone = [process_id for process_id, value in zip(ids, values) if value is None]
+        gone = [process_id for process_id, value in zip(ids, values, strict=True) if value is None]
         if gone:  # expired: the process died or went quiet; it re-adds itself when it publishes
             self._sync.srem(_PROCESSES_KEY, *gone)
         return [ProcessCounts.from_json(value) for value in values if value is not None]

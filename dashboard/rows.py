@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 from django.db.models import BooleanField, Case, F, JSONField, Q, QuerySet, Sum, Value, When
@@ -30,7 +30,7 @@ class Scope:
 
 
 def floor_hour(moment: datetime) -> datetime:
-    return moment.astimezone(dt_timezone.utc).replace(minute=0, second=0, microsecond=0)
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
 def _scoped(queryset: QuerySet[Turn], scope: Scope) -> QuerySet[Turn]:
@@ -69,8 +69,9 @@ def turn_rows(start: datetime, end: datetime | None, scope: Scope = Scope()) -> 
     )
     split = 7 + len(PROVIDER_STAGES)
     for values in rows.iterator(chunk_size=_CHUNK):
-        yield TurnRow(*values[:7], providers=tuple(str(p or "")[:100] for p in values[7:split]),
-                      timings=values[split:])
+        created_at, source, persona_id, error, interrupted, tools, apology = values[:7]
+        yield TurnRow(created_at, source, persona_id, error, interrupted, tools, apology,
+                      providers=tuple(str(p or "")[:100] for p in values[7:split]), timings=tuple(values[split:]))
 
 
 def rollup_group_turns(start: datetime, end: datetime, scope: Scope = Scope()) -> dict[GroupKey, int]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone as dt_timezone
-from typing import Any
+from datetime import datetime, timedelta, UTC
+from typing import Any, Generic, TypeVar
 
 from django.utils import dateformat, timezone
 from django.utils.translation import gettext_lazy as _
@@ -50,7 +50,7 @@ SOURCES = (Conversation.SOURCE_DEVICE, Conversation.SOURCE_GATEWAY)
 # -- folding rows and rollups ------------------------------------------------------------------
 
 
-KeyOf = Callable[[GroupKey, datetime], Hashable]
+K = TypeVar("K", bound=Hashable)  # what fold() adds turns up by: a (source, bin) pair, a persona id, ...
 
 
 def range_start(range_name: str, now: datetime) -> datetime:
@@ -61,25 +61,26 @@ def range_start(range_name: str, now: datetime) -> datetime:
 def bin_of(range_name: str, moment: datetime) -> datetime:
     """The chart bin of a moment: 5 minutes for the last hour, hours otherwise."""
     if range_name == "1h":
-        moment = moment.astimezone(dt_timezone.utc)
+        moment = moment.astimezone(UTC)
         return moment.replace(minute=moment.minute - moment.minute % 5, second=0, microsecond=0)
     return floor_hour(moment)
 
 
 @dataclass
-class Folded:
-    aggregates: dict[Hashable, Aggregate]
+class Folded(Generic[K]):
+    aggregates: dict[K, Aggregate]
     groups: dict[GroupKey, int]  # turns per group over the whole range
 
 
-def fold(range_name: str, scope: Scope, now: datetime, key_of: KeyOf, *, by_group: bool = True) -> Folded:
+def fold(range_name: str, scope: Scope, now: datetime, key_of: Callable[[GroupKey, datetime], K], *,
+         by_group: bool = True) -> Folded[K]:
     """Every turn of the range, added into the aggregate named by key_of(group, bin).
 
     Without `by_group` (and without a persona scope) the rollup's per-source total rows are
     read instead of its per-group rows, and key_of gets a group with only the source set; the
     turns per group then come from the database as plain sums."""
     start = range_start(range_name, now)
-    folded: dict[Hashable, Aggregate] = defaultdict(Aggregate)
+    folded: dict[K, Aggregate] = defaultdict(Aggregate)
     groups: dict[GroupKey, int] = {}
     raw_from = start
     if range_name != "1h":
@@ -234,7 +235,7 @@ def _label(range_name: str, moment: datetime) -> str:
     return dateformat.format(timezone.localtime(moment), "D H:i" if range_name == "7d" else "H:i")
 
 
-def _series(range_name: str, now: datetime, by_bin: dict[Hashable, Aggregate]) -> dict[str, Any]:
+def _series(range_name: str, now: datetime, by_bin: dict[tuple[str, datetime], Aggregate]) -> dict[str, Any]:
     bins = _bins(range_name, now)
     stages: dict[str, Any] = {}
     for source, keys in (("device", DEVICE_STAGES), ("gateway", GATEWAY_STAGES)):
@@ -332,7 +333,7 @@ def breakdown(range_name: str, by: str, stage: str, scope: Scope = Scope(),
     now = now or timezone.now()
     provider_stage = STAGE_PROVIDER[stage]
 
-    def key_of(group: GroupKey, moment: datetime) -> Hashable:
+    def key_of(group: GroupKey, moment: datetime) -> int | str | None:
         if by == "persona":
             return group.persona_id
         return getattr(group, provider_stage)
@@ -342,9 +343,9 @@ def breakdown(range_name: str, by: str, stage: str, scope: Scope = Scope(),
     rows = []
     for key, aggregate in folded.items():
         if by == "persona":
-            label = names.get(key, str(_("(no persona)"))) if key is not None else str(_("(no persona)"))
+            label = names.get(key, str(_("(no persona)"))) if isinstance(key, int) else str(_("(no persona)"))
         else:
-            label = key or str(_("(none recorded)"))
+            label = str(key) if key else str(_("(none recorded)"))
         rows.append(BreakdownRow("" if key is None else str(key), label, StageFigure.of(stage, aggregate),
                                  aggregate.turns, aggregate.errors))
     return sorted(rows, key=lambda r: (-r.turns, r.label))

@@ -99,7 +99,7 @@ class StageStats:
         self._extend(int(data["n"]), data.get("min"), data.get("max"))
         buckets = self.buckets
         pairs = iter(data.get("h", ()))
-        for index, count in zip(pairs, pairs):
+        for index, count in zip(pairs, pairs, strict=False):
             buckets[index] = buckets.get(index, 0) + count
         self.values = None
 
@@ -177,7 +177,7 @@ class Aggregate:
         self.groups[group] = self.groups.get(group, 0) + 1
         if row.error:
             self._add_error(row.created_at, row.error)
-        for key, value in zip(TIMING_KEYS, row.timings):
+        for key, value in zip(TIMING_KEYS, row.timings, strict=False):
             if value is not None and math.isfinite(value):
                 self.stage(key).add(value)
         for call in row.tool_calls if isinstance(row.tool_calls, list) else ():

@@ -8,6 +8,7 @@ stops after one page however many million rows match.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,7 +29,7 @@ TOOL_SCAN_LIMIT = 5000  # rows read to fill one page when filtering on a tool (J
 
 @dataclass
 class TurnPage:
-    turns: list[Turn]
+    turns: Sequence[Turn]
     page: int
     has_next: bool
     stage: str
@@ -68,7 +69,8 @@ def _filtered(data: dict[str, Any], now: datetime) -> QuerySet[Turn]:
         else:
             queryset = queryset.filter(**{f"providers__{stage}__regex": rf"(^|,){re.escape(kind)}(,|$)"})
     if data.get("fallback"):
-        queryset = queryset.filter(_fallback_q(*data["fallback"], scope))
+        stage, kind = data["fallback"]
+        queryset = queryset.filter(_fallback_q(stage, kind, scope))
     queryset = _failure_filters(queryset, data)
     if data.get("tool"):
         # A cheap text pre-filter; the exact match (name, success) is checked in Python.

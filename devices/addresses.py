@@ -7,6 +7,7 @@ the device-auth middleware, so HTTP requests and WebSocket scopes follow one rul
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -37,7 +38,7 @@ def client_address(request: HttpRequest) -> str | None:
     return trusted_client_address(request.META.get("REMOTE_ADDR", ""), request.META.get("HTTP_X_FORWARDED_FOR", ""))
 
 
-def header_value(scope: dict[str, Any], name: bytes) -> str:
+def header_value(scope: Mapping[str, Any], name: bytes) -> str:
     """One header of an ASGI scope (`name` in lowercase), "" when absent."""
     for key, value in scope.get("headers") or ():
         if key.lower() == name:
@@ -45,7 +46,7 @@ def header_value(scope: dict[str, Any], name: bytes) -> str:
     return ""
 
 
-def scope_client_address(scope: dict[str, Any]) -> str:
+def scope_client_address(scope: Mapping[str, Any]) -> str:
     """The client's IP for a WebSocket scope, with the same proxy rules as HTTP requests."""
     client = scope.get("client")
     remote = str(client[0]) if isinstance(client, (list, tuple)) and client else ""

@@ -5,6 +5,8 @@ Admin methods stay tiny: every change goes through devices.services.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
@@ -41,12 +43,17 @@ from devices.services import (
     firmware_release_save,
 )
 
+if TYPE_CHECKING:
+    from django.contrib.admin.filters import _ListFilterChoices
+    from django.contrib.admin.views.main import ChangeList
+    from django_stubs_ext import StrOrPromise
+
 
 class BoundFilter(admin.SimpleListFilter):
     title = _("bound")
     parameter_name = "bound"
 
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, StrOrPromise]]:
         return [("yes", _("Bound")), ("no", _("Waiting for activation"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Device]) -> QuerySet[Device]:
@@ -59,7 +66,7 @@ class PairingFilter(admin.SimpleListFilter):
     title = _("re-pairing")
     parameter_name = "repairing"
 
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, StrOrPromise]]:
         return [("requested", _("Re-pairing requested"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Device]) -> QuerySet[Device]:
@@ -221,16 +228,16 @@ class CodeStateFilter(admin.SimpleListFilter):
     title = _("state")
     parameter_name = "state"
 
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, StrOrPromise]]:
         return [("outstanding", _("Outstanding")), ("used", _("Used")), ("expired", _("Expired")), ("all", _("All"))]
 
     def value(self) -> str:
         return super().value() or "outstanding"
 
-    def choices(self, changelist: object) -> object:
+    def choices(self, changelist: ChangeList) -> Iterator[_ListFilterChoices]:
         for lookup, title in self.lookup_choices:
             yield {"selected": self.value() == lookup, "display": title,
-                   "query_string": changelist.get_query_string({self.parameter_name: lookup})}  # type: ignore[attr-defined]
+                   "query_string": changelist.get_query_string({self.parameter_name: lookup})}
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[ActivationCode]) -> QuerySet[ActivationCode]:
         now = timezone.now()

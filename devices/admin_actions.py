@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -33,6 +33,9 @@ from devices.commands import (
 )
 from devices.models import Device
 from devices.protocol.messages import EMOTIONS
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 ADMIN_TOOL_TIMEOUT = 10.0  # an admin page should not hang for the full 30 s default
 RESULT_PREVIEW_CHARS = 500
@@ -82,7 +85,7 @@ class McpCallForm(forms.Form):
 
 
 def _form_page(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device],
-               form: forms.Form, *, action: str, intro: str, submit: str) -> TemplateResponse:
+               form: forms.Form, *, action: str, intro: StrOrPromise, submit: StrOrPromise) -> TemplateResponse:
     context = {
         **modeladmin.admin_site.each_context(request), "title": intro, "intro": intro, "form": form,
         "devices": list(queryset), "action": action, "submit": submit, "checkbox": ACTION_CHECKBOX_NAME,

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from functools import wraps
 from typing import Any, TypeVar, cast
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, JsonResponse
+from django.http.response import HttpResponseBase
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from devices.addresses import client_address
 from devices.auth import normalize_mac
@@ -22,7 +24,7 @@ from devices.ratelimit import RateLimit, rate_limit_hit
 MAX_BODY_BYTES = 64 * 1024
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # no "|": it separates the token's fields
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
 
@@ -51,7 +53,7 @@ class DeviceRequest(HttpRequest):
 def allow_methods(*methods: str) -> Callable[[View], View]:
     def decorator(view: View) -> View:
         @wraps(view)
-        def wrapper(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        def wrapper(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponseBase:
             if request.method not in methods:
                 response = json_error(405, "method_not_allowed", f"Use {' or '.join(methods)}.")
                 response["Allow"] = ", ".join(methods)
@@ -68,7 +70,7 @@ def rate_limited(limit: Callable[[], RateLimit], message: str) -> Callable[[View
 
     def decorator(view: View) -> View:
         @wraps(view)
-        def wrapper(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        def wrapper(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponseBase:
             decision = rate_limit_hit(limit=limit(), address=client_address(request) or "unknown")
             if not decision.allowed:
                 return json_error(429, "rate_limited", message, retry_after=decision.retry_after)
@@ -104,7 +106,7 @@ def device_headers(view: View) -> View:
     """Attach the validated Device-Id / Client-Id / Activation-Version / Serial-Number."""
 
     @wraps(view)
-    def wrapper(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+    def wrapper(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponseBase:
         parsed = _parse_device_headers(request)
         if isinstance(parsed, JsonResponse):
             return parsed
@@ -114,7 +116,7 @@ def device_headers(view: View) -> View:
     return wrapper
 
 
-def _field_path(error: dict[str, Any]) -> str:
+def _field_path(error: ErrorDetails) -> str:
     return ".".join(str(part) for part in error["loc"]) or "body"
 
 
@@ -140,7 +142,7 @@ def _parse_body(request: HttpRequest, spec: type[SpecT]) -> SpecT | JsonResponse
 def json_body(spec: type[BaseModel]) -> Callable[[View], View]:
     def decorator(view: View) -> View:
         @wraps(view)
-        def wrapper(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        def wrapper(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponseBase:
             parsed = _parse_body(request, spec)
             if isinstance(parsed, JsonResponse):
                 return parsed

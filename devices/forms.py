@@ -4,12 +4,15 @@ Forms validate input only; the admin views call services to act on it.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import UploadedFile
 from django.core.validators import RegexValidator
+from django.db.models import Model, QuerySet
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
@@ -55,8 +58,9 @@ class FirmwareReleaseForm(forms.ModelForm):
             )
         return binary
 
-    def clean(self) -> dict:
-        cleaned = super().clean()
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        cleaned = self.cleaned_data
         image_version = getattr(self, "image_version", None)
         version = cleaned.get("version")
         # A device skips an image whose embedded version equals its own, so a mislabelled
@@ -67,7 +71,7 @@ class FirmwareReleaseForm(forms.ModelForm):
         return cleaned
 
 
-def _persona_queryset() -> object:
+def _persona_queryset() -> QuerySet[Model]:
     # conversations.Persona by name: devices never imports conversations (one-way imports).
     return apps.get_model("conversations", "Persona").objects.order_by("name")
 
@@ -81,9 +85,10 @@ class DeviceBindForm(forms.Form):
     owner = forms.ModelChoiceField(
         label=_("Owner"), queryset=get_user_model().objects.filter(is_active=True).order_by("username")
     )
-    persona = forms.ModelChoiceField(label=_("Persona"), queryset=None, required=False, empty_label=_("Default persona"))
+    persona: forms.ModelChoiceField[Model] = forms.ModelChoiceField(
+        label=_("Persona"), queryset=None, required=False, empty_label=_("Default persona"))
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["persona"].queryset = _persona_queryset()  # type: ignore[attr-defined]
 
@@ -92,7 +97,8 @@ class DeviceBindForm(forms.Form):
 
 
 class DeviceKeyUploadForm(forms.Form):
-    file = forms.FileField(label=_("File"), help_text=_("CSV with the columns serial_number,key_hex (header line optional)."))
+    file = forms.FileField(label=_("File"),
+                           help_text=_("CSV with the columns serial_number,key_hex (header line optional)."))
 
     def clean_file(self) -> str:
         upload = self.cleaned_data["file"]

@@ -14,7 +14,8 @@ Like Channels' AuthMiddleware, nothing per connection is kept on `self`.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl
 
 from channels.db import database_sync_to_async
@@ -23,12 +24,21 @@ from channels.middleware import BaseMiddleware
 from devices.auth import DeviceAuthResult, device_authenticate
 from devices.protocol.close_codes import CloseCode
 
+if TYPE_CHECKING:
+    from channels.consumer import _ChannelScope
+
+    from devices.models import Device
+
+    class DeviceScope(_ChannelScope, total=False):
+        device_auth: DeviceAuthResult
+        device: Device | None
+
 logger = logging.getLogger(__name__)
 
 SETUP_FAILED = DeviceAuthResult(ok=False, close_code=CloseCode.INTERNAL_ERROR, reason="internal error")
 
 
-def authenticate_scope(scope: dict[str, Any]) -> DeviceAuthResult:
+def authenticate_scope(scope: Mapping[str, Any]) -> DeviceAuthResult:
     """The handshake's headers and query parameters through `device_authenticate` (sync, ORM)."""
     headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope.get("headers", ())}
     query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
@@ -40,8 +50,8 @@ _authenticate = database_sync_to_async(authenticate_scope, thread_sensitive=Fals
 
 
 class DeviceAuthMiddleware(BaseMiddleware):
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
-        scope = dict(scope)
+    async def __call__(self, channel_scope: _ChannelScope, receive: Any, send: Any) -> Any:
+        scope = cast("DeviceScope", dict(channel_scope))
         try:
             auth = await _authenticate(scope)
         except Exception:  # e.g. the database is unreachable: the consumer closes with 1011

@@ -36,7 +36,8 @@ class Device(models.Model):
     location = models.CharField(
         _("location"), max_length=100, blank=True, help_text=_("City, used by weather and location tools.")
     )
-    timezone = models.CharField(_("time zone"), max_length=64, blank=True, help_text=_("IANA time zone, e.g. Asia/Shanghai."))
+    timezone = models.CharField(_("time zone"), max_length=64, blank=True,
+                                help_text=_("IANA time zone, e.g. Asia/Shanghai."))
 
     # Bumping the generation revokes every token issued before (it is part of the HMAC).
     token_generation = models.PositiveIntegerField(_("token generation"), default=0)

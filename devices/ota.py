@@ -21,7 +21,7 @@ from devices.services import (
     activation_capacity_reached,
     activation_code_issue,
     device_checkin,
-    device_token_issue,
+    device_token_for_checkin,
 )
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def _timezone_offset_minutes(device: Device, now: datetime) -> int:
 
 
 def firmware_download_path(release: FirmwareRelease) -> str:
-    filename = release.binary.name.rsplit("/", 1)[-1]
+    filename = (release.binary.name or "").rsplit("/", 1)[-1]
     return reverse("devices:firmware-download", kwargs={"pk": release.pk, "filename": filename})
 
 
@@ -83,7 +83,7 @@ def ota_response_for(*, device: Device, base_url: str, ws_url: str, now: datetim
     Raises ActivationCapacityError when a code is needed and none can be issued."""
     now = now or timezone.now()
     revoked = device.revoked_at is not None
-    token = "" if revoked else device_token_issue(device=device, now=now.timestamp())
+    token = "" if revoked else device_token_for_checkin(device=device, now=now.timestamp())
     response = _base_reply(device, ws_url, token, now)
     response["firmware"] = _firmware_section(device, base_url)
     if device.needs_activation:
@@ -137,7 +137,7 @@ def ota_check(
                                                        ws_url=ws_url, now=now))
     if device is None and activation_capacity_reached(now=now):
         return _CAPACITY_REPLY
-    device = device_checkin(report=report, now=now)
+    device = device_checkin(report=report, now=now, device=device)
     try:
         return OtaReply(200, ota_response_for(device=device, base_url=base_url, ws_url=ws_url, now=now))
     except ActivationCapacityError:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from datetime import datetime
 
 from django.db.models import Count, QuerySet
@@ -13,6 +14,13 @@ from devices.versions import is_newer, parse_version, version_key
 
 def device_get_by_mac(*, mac: str) -> Device | None:
     return Device.objects.select_related("owner", "persona").filter(mac=mac).first()
+
+
+def device_for_checkin(*, mac: str) -> Device | None:
+    """The row an OTA check needs: no joins, no ORDER BY (mac is unique). Every device of a
+    reboot storm runs this, and the ORM's query building is most of its cost."""
+    rows = list(Device.objects.filter(mac=mac)[:1])
+    return rows[0] if rows else None
 
 
 def device_key_for_serial(*, serial_number: str) -> DeviceKey | None:
@@ -74,15 +82,35 @@ def _is_eligible(release: FirmwareRelease, device: Device) -> bool:
     return rollout_bucket(release_pk=release.pk, mac=device.mac) < release.rollout_percent
 
 
+# Active releases per board, kept for RELEASES_TTL_SECONDS: every OTA check asks, releases
+# change a few times a year. A change in this process clears it at once (signals below);
+# other processes see it within the TTL.
+RELEASES_TTL_SECONDS = 10.0
+_releases: dict[str, tuple[float, list[FirmwareRelease]]] = {}
+
+
+def releases_cache_clear(**_: object) -> None:
+    _releases.clear()
+
+
+def _active_releases(board_type: str) -> list[FirmwareRelease]:
+    now = time.monotonic()
+    cached = _releases.get(board_type)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    releases = list(
+        FirmwareRelease.objects.filter(board_type=board_type, is_active=True)
+        .annotate(allowlist_size=Count("allowlist"))
+    )
+    _releases[board_type] = (now + RELEASES_TTL_SECONDS, releases)
+    return releases
+
+
 def firmware_releases_eligible(*, device: Device) -> list[FirmwareRelease]:
     """Active releases for the device's board that its rollout includes, newest first."""
     if not device.board_type:
         return []
-    releases = (
-        FirmwareRelease.objects.filter(board_type=device.board_type, is_active=True)
-        .annotate(allowlist_size=Count("allowlist"))
-    )
-    eligible = [release for release in releases if _is_eligible(release, device)]
+    eligible = [release for release in _active_releases(device.board_type) if _is_eligible(release, device)]
     return sorted(eligible, key=lambda release: version_key(release.version), reverse=True)
 
 

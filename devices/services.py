@@ -8,6 +8,7 @@ call these); models stay plain. Functions are keyword-only and named `<entity>_<
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import hmac
 import io
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Model
 from django.db.models import F
@@ -97,9 +98,19 @@ class KeyImportResult:
 # --- Check-in -----------------------------------------------------------------------------
 
 
-@transaction.atomic
-def device_checkin(*, report: CheckinReport, now: datetime | None = None) -> Device:
-    """Create or update the Device from an OTA request; blank reports keep known values."""
+CHECKIN_REFRESH = timedelta(minutes=5)  # last_checkin_at of an unchanged device: at most this stale
+
+
+def device_checkin(*, report: CheckinReport, now: datetime | None = None, device: Device | None = None) -> Device:
+    """Create or update the Device from an OTA request; blank reports keep known values.
+
+    `device`: the row already read for report.mac. A known device that reports what is stored
+    costs no write: after a power cut a whole fleet checks in at once, and a write per check
+    (a row lock, a WAL append, a commit) was most of the check's time. `last_checkin_at` is
+    then refreshed only every CHECKIN_REFRESH (it says "recently", not the exact boot). No
+    transaction around it: on SQLite every transaction takes the write lock when it begins.
+    """
+    now = now or timezone.now()
     reported = {
         "client_id": report.client_id,
         "serial_number": report.serial_number,
@@ -113,10 +124,19 @@ def device_checkin(*, report: CheckinReport, now: datetime | None = None) -> Dev
         "user_agent": report.user_agent,
     }
     defaults: dict[str, object] = {key: value for key, value in reported.items() if value not in ("", None)}
-    defaults.update(last_checkin_at=now or timezone.now(), last_ip=report.ip)
-    device, created = Device.objects.update_or_create(mac=report.mac, defaults=defaults)
-    if created:
-        logger.info("new device checked in", extra={"mac": device.mac, "board": device.board_type})
+    defaults.update(last_ip=report.ip)
+    if device is None or device.mac != report.mac:
+        defaults.update(last_checkin_at=now)
+        device, created = Device.objects.update_or_create(mac=report.mac, defaults=defaults)
+        if created:
+            logger.info("new device checked in", extra={"mac": device.mac, "board": device.board_type})
+        return device
+    changed = {key: value for key, value in defaults.items() if getattr(device, key) != value}
+    if changed or device.last_checkin_at is None or now - device.last_checkin_at >= CHECKIN_REFRESH:
+        changed["last_checkin_at"] = now
+        Device.objects.filter(pk=device.pk).update(**changed)  # one UPDATE, no SELECT … FOR UPDATE
+        for key, value in changed.items():
+            setattr(device, key, value)
     return device
 
 
@@ -179,7 +199,7 @@ def _code_for_binding(code: str, now: datetime) -> ActivationCode:
 
 
 @transaction.atomic
-def device_bind(*, code: str, owner: AbstractBaseUser, persona: Model | None = None) -> Device:
+def device_bind(*, code: str, owner: User, persona: Model | None = None) -> Device:
     """Bind the device waiting for `code` to `owner` (single use; the caller rate-limits).
 
     `persona` is a conversations.Persona (typed loosely: devices never imports conversations).
@@ -295,6 +315,23 @@ def device_activate(
 
 
 # --- Tokens ----------------------------------------------------------------------------------
+
+
+TOKEN_REUSE_SECONDS = 3600  # an OTA check hands out the same token for this long
+
+
+@functools.lru_cache(maxsize=16384)
+def _token_signed(secret: str, client_id: str, mac: str, issued_at: int, generation: int) -> str:
+    return token_sign(secret=secret, client_id=client_id, device_id=mac, issued_at=issued_at, generation=generation)
+
+
+def device_token_for_checkin(*, device: Device, now: float) -> str:
+    """The token an OTA check hands out: issued at the start of the current hour, so the
+    checks of that hour get the same token, signed once (a reboot storm signs nothing
+    twice). It expires at most TOKEN_REUSE_SECONDS earlier than one signed now; a new client
+    id, a revocation (generation) or a new secret key signs a new one."""
+    issued_at = int(now) - int(now) % TOKEN_REUSE_SECONDS
+    return _token_signed(settings.SECRET_KEY, device.client_id, device.mac, issued_at, device.token_generation)
 
 
 def device_token_issue(*, device: Device, now: float | None = None) -> str:

@@ -48,7 +48,7 @@ def is_newer(candidate: str, current: str) -> bool:
     new, old = parse_version(candidate), parse_version(current)
     if new is None or old is None:
         return False
-    for new_part, old_part in zip(new, old):
+    for new_part, old_part in zip(new, old, strict=False):
         if new_part != old_part:
             return new_part > old_part
     return len(new) > len(old)

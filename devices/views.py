@@ -10,6 +10,7 @@ import logging
 from typing import Annotated, cast
 
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -25,7 +26,7 @@ from devices.decorators import (
 from devices.models import FirmwareRelease
 from devices.ota import ota_check
 from devices.ratelimit import activate_poll_limit, new_device_limit, ota_check_limit, rate_limit_hit
-from devices.selectors import device_get_by_mac
+from devices.selectors import device_for_checkin, device_get_by_mac
 from devices.services import ActivationBody, CheckinReport, device_activate
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ def _new_device_refused(request: HttpRequest) -> HttpResponse | None:
 @json_body(OtaSpec)
 def _ota_check(request: DeviceRequest) -> HttpResponse:
     report = _checkin_report(request)
-    device = device_get_by_mac(mac=report.mac)
+    device = device_for_checkin(mac=report.mac)
     if device is None and (refused := _new_device_refused(request)) is not None:
         return refused
     reply = ota_check(device=device, report=report, base_url=public_base_url(request), ws_url=public_ws_url(request))
@@ -130,7 +131,7 @@ def _ota_check(request: DeviceRequest) -> HttpResponse:
 
 @csrf_exempt
 @allow_methods("GET", "POST")
-def ota(request: HttpRequest) -> HttpResponse:
+def ota(request: HttpRequest) -> HttpResponseBase:
     """POST: the firmware's boot-time check. GET: a notice for humans testing the address."""
     if request.method == "GET":
         notice = f"OTA endpoint is working. Devices are sent the WebSocket address {public_ws_url(request)}\n"
@@ -156,11 +157,11 @@ def activate(request: DeviceRequest) -> HttpResponse:
 
 @csrf_exempt  # so a stray POST gets the JSON 405 rather than a CSRF page
 @allow_methods("GET", "HEAD")
-def firmware_download(request: HttpRequest, pk: int, filename: str) -> HttpResponse:
+def firmware_download(request: HttpRequest, pk: int, filename: str) -> HttpResponseBase:
     """The binary, with Content-Length (the firmware refuses a download without one)."""
     release = FirmwareRelease.objects.filter(pk=pk, is_active=True).first()
-    name = release.binary.name if release is not None else ""
-    if not name or name.rsplit("/", 1)[-1] != filename or not release.binary.storage.exists(name):
+    name = (release.binary.name or "") if release is not None else ""
+    if release is None or not name or name.rsplit("/", 1)[-1] != filename or not release.binary.storage.exists(name):
         return json_error(404, "not_found", "No such firmware release.")
     stream = release.binary.storage.open(name, "rb")
     return FileResponse(stream, as_attachment=True, filename=filename, content_type="application/octet-stream")

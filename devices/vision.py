@@ -19,6 +19,7 @@ import logging
 import time
 
 import openai
+from openai.types.chat import ChatCompletionUserMessageParam
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -138,12 +139,11 @@ async def vision_explain_image(*, question: str, jpeg: bytes) -> str:
         timeout=VISION_TIMEOUT_SECONDS, max_retries=0,
     )
     image_url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
-    content = [{"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": image_url}}]
+    message: ChatCompletionUserMessageParam = {"role": "user", "content": [
+        {"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": image_url}}]}
     try:
         response = await client.chat.completions.create(
-            model=settings.XIAOZHI_VISION_MODEL, stream=False,
-            messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
-        )
+            model=settings.XIAOZHI_VISION_MODEL, stream=False, messages=[message])
     except openai.OpenAIError as exc:
         raise VisionError(type(exc).__name__) from exc
     finally:

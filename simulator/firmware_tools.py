@@ -11,7 +11,7 @@ import base64
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from simulator.mcp_tools import Property, Tool, ToolFailure, compact_json
+from simulator.mcp_tools import Property, Tool, ToolFailure, ToolHandler, compact_json
 
 
 class Board(Protocol):
@@ -19,7 +19,7 @@ class Board(Protocol):
 
     state: dict[str, Any]
     camera_jpeg: bytes
-    on_reboot: Callable[[], None] | None
+    on_reboot: Callable[[], object] | None  # its result is ignored
     device_id: str
     client_id: str
     system_info_json: str
@@ -124,9 +124,13 @@ def extra_tools(count: int, description_bytes: int, start: int) -> list[Tool]:
             f"self.extra.tool_{index}", text[:description_bytes],
             (Property("value", "integer", default=0, minimum=0, maximum=1000),
              Property("label", "string", default=""), Property("enabled", "boolean", default=True)),
-            lambda a, index=index: {"tool": index, "value": a["value"]},
+            _echo_value(index),
         ))
     return tools
+
+
+def _echo_value(index: int) -> ToolHandler:
+    return lambda arguments: {"tool": index, "value": arguments["value"]}
 
 
 def _set(state: dict[str, Any], key: str, value: Any) -> bool:

@@ -60,7 +60,7 @@ class DeviceMcpServer:
     # Mutable device state the built-in tools read and write (volume, brightness, ...).
     state: dict[str, Any] = field(default_factory=dict)
     # Set by SimulatedDevice; used by self.reboot, self.get_system_info and the camera upload.
-    on_reboot: Callable[[], None] | None = None
+    on_reboot: Callable[[], object] | None = None  # its result is ignored
     device_id: str = ""
     client_id: str = ""
     system_info_json: str = "{}"

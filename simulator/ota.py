@@ -12,7 +12,7 @@ import hmac
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import aiohttp
 
@@ -168,9 +168,9 @@ async def http_post(url: str, body: str, headers: dict[str, str]) -> tuple[int, 
     timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
     skip = ("Accept", "Accept-Encoding")
     try:
-        async with aiohttp.ClientSession(timeout=timeout, skip_auto_headers=skip) as session:
-            async with session.post(url, data=body.encode(), headers=headers) as response:
-                return response.status, await response.text(errors="replace")
+        async with (aiohttp.ClientSession(timeout=timeout, skip_auto_headers=skip) as session,
+                    session.post(url, data=body.encode(), headers=headers) as response):
+            return response.status, await response.text(errors="replace")
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise DeviceError(f"HTTP POST {url} failed: {exc or type(exc).__name__}") from exc
 
@@ -245,5 +245,5 @@ def _version_parts(version: str) -> list[int]:
     return parts
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)

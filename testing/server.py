@@ -105,8 +105,9 @@ class AsgiServer:
         collect_static(self.env)
         log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
         self.process = subprocess.Popen(
-            self.command(), cwd=BASE_DIR, env={**self.env, "XIAOZHI_WORKERS": str(self.workers)}, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            self.command(), cwd=BASE_DIR, env={**self.env, "XIAOZHI_WORKERS": str(self.workers)}, stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509  the hook only sets PR_SET_PDEATHSIG
         )
         self._wait_ready(timeout)
         return self

@@ -22,9 +22,10 @@ import asyncio
 import selectors
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 # While threads work, the loop polls its selector this often (real seconds) for their results.
 THREAD_POLL_S = 0.005
@@ -86,7 +87,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """Executor jobs started through this loop and not yet handed back to it."""
         return self._threads_busy
 
-    def run_in_executor(self, executor: Executor | None, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    def run_in_executor(self, executor: Executor | None, func: Callable[[*Ts], T], *args: *Ts) -> asyncio.Future[T]:
         future = super().run_in_executor(executor, func, *args)
         self._threads_busy += 1
         future.add_done_callback(self._thread_done)

@@ -36,14 +36,15 @@ class McpServerAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("tools"), ordering="_tool_count")
     def tool_count(self, obj: McpServer) -> int:
-        return obj._tool_count
+        return obj._tool_count  # type: ignore[attr-defined]  # annotated by get_queryset
 
     @admin.action(description=_("Refresh tool catalogue now"))
     def refresh_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
         for server in queryset:
             count = mcp_server_refresh_tools(server=server)
             if count < 0:
-                text = gettext("%(server)s: refresh failed: %(error)s") % {"server": server.name, "error": server.last_error}
+                text = gettext("%(server)s: refresh failed: %(error)s") % {"server": server.name,
+                                                                          "error": server.last_error}
                 self.message_user(request, text, messages.ERROR)
             else:
                 text = ngettext("%(server)s: %(count)d tool", "%(server)s: %(count)d tools", count)

@@ -4,9 +4,10 @@ Sources (built-in server tools, remote MCP servers, the device's own MCP server,
 clients) implement the small `ToolSource` protocol. A `Toolset` (one per session) lists them
 concurrently, checks every listing against the caps and schema rules of tools/limits.py and
 tools/schemas.py (in the schema thread: sources are untrusted, schemas can be big), filters
-it through a `ToolPolicy`, gives each tool an LLM-safe name and dispatches calls. `Toolset.call` never raises (except `asyncio.CancelledError`, so that an
-interrupted turn really stops): every failure becomes a `ToolCallRecord` with
-`success=False` and a clear text for the LLM, because a traceback helps nobody mid-sentence.
+it through a `ToolPolicy`, gives each tool an LLM-safe name and dispatches calls. `Toolset.call`
+never raises (except `asyncio.CancelledError`, so that an interrupted turn really stops): every
+failure becomes a `ToolCallRecord` with `success=False` and a clear text for the LLM, because a
+traceback helps nobody mid-sentence.
 """
 from __future__ import annotations
 
@@ -186,7 +187,8 @@ def prepare_tools(
 def prepare_tool(spec: ToolSpec, limits: ToolLimits) -> PreparedTool:
     """One tool, or SchemaRefused saying why it cannot be offered."""
     if len(spec.name) > limits.name_max_chars:
-        raise SchemaRefused("Tool name is too long", f"{len(spec.name)} characters; the limit is {limits.name_max_chars}")
+        raise SchemaRefused("Tool name is too long",
+                            f"{len(spec.name)} characters; the limit is {limits.name_max_chars}")
     if len(spec.description) > limits.description_max_chars:
         spec = dataclasses.replace(spec, description=spec.description[: limits.description_max_chars])
     parameters = llm_parameters(spec.parameters)

@@ -94,7 +94,8 @@ def _pattern_properties(validator: Any, patterns: dict, instance: object, schema
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
-def _additional_properties(validator: Any, allowed: object, instance: object, schema: dict) -> Iterator[ValidationError]:
+def _additional_properties(validator: Any, allowed: object, instance: object,
+                           schema: dict) -> Iterator[ValidationError]:
     """jsonschema's `additionalProperties`, with patternProperties matched by RE2."""
     if not validator.is_type(instance, "object"):
         return
@@ -136,7 +137,7 @@ _SAFE_VALIDATORS: dict[type, tuple[Any, FormatChecker]] = {
 
 
 def _refuse_retrieval(uri: str) -> Any:
-    raise NoSuchResource(ref=uri)
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]  # referencing's attrs-made __init__ is invisible to mypy
 
 
 # Resolves nothing but the schema itself (and jsonschema's bundled metaschemas): no network,
@@ -209,6 +210,6 @@ def _check_patterns(patterns: list[tuple[str, str]]) -> None:
             ) from None
 
 
-def first_error(validator: Validator, instance: object) -> ValidationError | None:
+def first_error(validator: Validator, instance: Any) -> ValidationError | None:  # any parsed JSON
     """The first validation error, or None (run it in the schema thread)."""
     return next(iter(validator.iter_errors(instance)), None)

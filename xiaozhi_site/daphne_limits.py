@@ -102,6 +102,8 @@ def install(limits: EdgeLimits) -> bool:
 def _install_http(http_protocol: Any) -> None:
     # Defined here, not at module level: Twisted is imported only inside daphne, after daphne
     # has installed its asyncio reactor.
+    from twisted.internet.protocol import connectionDone
+    from twisted.python.failure import Failure
     from twisted.web import http
 
     class GuardedRequest(http_protocol.WebRequest):  # type: ignore[name-defined,misc]
@@ -134,7 +136,9 @@ def _install_http(http_protocol: Any) -> None:
         def allHeadersReceived(self) -> None:
             self._disarm()
             limits = _current()
-            limit = limits.body_limit(self._path)
+            # Twisted stores the raw target (bytes) through a local it first used for a Request.
+            target: bytes = self._path  # type: ignore[assignment]
+            limit = limits.body_limit(target)
             if self.length is not None and self.length > limit:
                 self._refuse_too_large(limit)
                 return
@@ -165,7 +169,7 @@ def _install_http(http_protocol: Any) -> None:
                 self._arm(_current().header_timeout, self._headers_too_slow)
             super().requestDone(request)
 
-        def connectionLost(self, reason: Any) -> None:
+        def connectionLost(self, reason: Failure = connectionDone) -> None:
             self._disarm()
             super().connectionLost(reason)
 
@@ -200,12 +204,14 @@ def _install_http(http_protocol: Any) -> None:
                 return
             self._refused = True
             if response:
-                self.transport.write(response)
+                # zope.interface methods (ITransport) are declared without self: mypy needs the
+                # mypy-zope plugin to call them, which is not worth its strict mypy pin.
+                self.transport.write(response)  # type: ignore[call-arg, misc]
             half_close = getattr(self.transport, "loseWriteConnection", None)
             if half_close is not None:
                 half_close()
             else:
-                self.transport.loseConnection()
+                self.transport.loseConnection()  # type: ignore[misc]  # ITransport, as above
             self._arm(_current().linger, self.transport.abortConnection)
 
     def guarded_channel(factory: Any) -> Any:

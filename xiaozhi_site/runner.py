@@ -50,7 +50,7 @@ def _lan_address() -> str:
     try:
         for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
             address = info[4][0]
-            if not address.startswith("127."):
+            if isinstance(address, str) and not address.startswith("127."):
                 return address
     except OSError:
         pass

@@ -12,6 +12,7 @@ import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -248,7 +249,7 @@ STORAGES = {
 }
 
 LOG_LEVEL = envchoice("XIAOZHI_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},

@@ -12,7 +12,8 @@ from xiaozhi_site.health import healthz
 admin.site.site_header = _("Xiaozhi Server")
 admin.site.site_title = _("Xiaozhi Server")
 admin.site.index_title = _("Fleet administration")
-admin.site.site_url = reverse_lazy("dashboard:index")  # "View site" opens the fleet dashboard
+# "View site" opens the fleet dashboard; a lazy URL (django-stubs declares str), resolved per page.
+admin.site.site_url = reverse_lazy("dashboard:index")  # type: ignore[assignment]
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

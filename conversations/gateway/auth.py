@@ -15,7 +15,7 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -61,7 +61,7 @@ def key_prefix(key: str) -> str:
     return key[:PREFIX_LENGTH]
 
 
-def credential(scope: dict[str, Any]) -> str | None:
+def credential(scope: Mapping[str, Any]) -> str | None:
     """The key a handshake carries: `Authorization: Bearer …` first, else `?token=…`."""
     for name, value in scope.get("headers") or ():
         if name.lower() == b"authorization":

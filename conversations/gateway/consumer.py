@@ -14,7 +14,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -35,7 +35,7 @@ from conversations.gateway.keys import gateway_key_authenticate, key_group
 from conversations.gateway.protocol import ErrorCode
 from conversations.gateway.services import gateway_characters, gateway_llm_chain, gateway_llm_specs
 from conversations.gateway.session import GatewaySession
-from conversations.gateway.session_config import GatewayConfig
+from conversations.gateway.session_config import SYSTEM_PROMPT, GatewayConfig
 from conversations.gateway.store import SessionStore
 from conversations.models import Conversation
 from conversations.pipeline.config import ProviderSpec
@@ -46,13 +46,15 @@ from conversations.turns.history import ConversationKey
 from conversations.turns.record import TurnRecord
 from dashboard.live import REGISTRY as LIVE_FIGURES
 
+if TYPE_CHECKING:
+    from asgiref.typing import WebSocketReceiveEvent
+
 log = logging.getLogger(__name__)
 
 CLOSE_INTERNAL_ERROR = 1011
 
 
 def gateway_config(characters: list[dict[str, str]], system_prompt: str = "") -> GatewayConfig:
-    optional = {"system_prompt": system_prompt} if system_prompt else {}
     return GatewayConfig(
         model=settings.LLM_MODEL,
         llm_timeout=settings.LLM_TIMEOUT,
@@ -73,7 +75,7 @@ def gateway_config(characters: list[dict[str, str]], system_prompt: str = "") ->
         weather_base_url=settings.WEATHER_BASE_URL,
         geocoding_url=settings.WEATHER_GEOCODING_URL,
         characters=tuple(characters),
-        **optional,
+        system_prompt=system_prompt or SYSTEM_PROMPT,
     )
 
 
@@ -243,7 +245,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         # Frames never touch the ORM (history goes through database_sync_to_async, which does
         # its own cleanup), and that hop would queue each frame behind the last turn's write.
         if message["type"] == "websocket.receive":
-            await self.websocket_receive(message)
+            await self.websocket_receive(cast("WebSocketReceiveEvent", message))
             return
         await super().dispatch(message)
 

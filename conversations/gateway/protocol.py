@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from collections.abc import Callable
 from typing import Any
 
 from tools import limits as tool_limits
@@ -255,7 +256,7 @@ def _ping(data: dict[str, Any], limits: Limits) -> Ping:
     return Ping()
 
 
-_PARSERS = {
+_PARSERS: dict[str, Callable[[dict[str, Any], Limits], ClientMessage]] = {
     "text_input": _text_input,
     "configure": _configure,
     "start_session": _start_session,

@@ -207,7 +207,7 @@ class SessionStore:
         excess = len(self._detached) - limit
         if excess > 0:
             log.info("gateway detached sessions over the cap, dropping the oldest", extra={"count": excess})
-            self._drop([session_id for session_id, _ in zip(self._detached, range(excess))])
+            self._drop([session_id for session_id, _ in zip(self._detached, range(excess), strict=False)])
 
     def _remember_expired(self, session_id: str) -> None:
         self._expired[session_id] = None

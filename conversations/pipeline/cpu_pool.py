@@ -16,13 +16,13 @@ import asyncio
 import os
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
-J = TypeVar("J", contravariant=True)
+J = TypeVar("J")
 Outcome = tuple[Any, BaseException | None]  # (value, error) of one job
 _pools: dict[str, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
@@ -58,7 +58,7 @@ class BatchRunner(Protocol, Generic[J]):
 
 
 # (runner or None for a plain job, the job, its future)
-_Pending = tuple[Hashable | None, Any, "asyncio.Future[Any]"]
+_Pending = tuple["BatchRunner[Any] | None", Any, "asyncio.Future[Any]"]
 
 
 class CpuMill:
@@ -137,7 +137,7 @@ class CpuMill:
 def _run_group(group: list[_Pending]) -> list[Outcome]:
     """Run a group in a pool thread: plain jobs one by one, batched jobs one call per runner."""
     outcomes: list[Outcome] = [(None, None)] * len(group)
-    batches: dict[Hashable, list[int]] = {}
+    batches: dict[BatchRunner[Any], list[int]] = {}
     for index, (runner, job, _future) in enumerate(group):
         if runner is None:
             outcomes[index] = _run_one(job)
@@ -145,7 +145,7 @@ def _run_group(group: list[_Pending]) -> list[Outcome]:
             batches.setdefault(runner, []).append(index)
     for runner, indexes in batches.items():
         try:
-            results = runner.run_batch([group[i][1] for i in indexes])  # type: ignore[attr-defined]
+            results = runner.run_batch([group[i][1] for i in indexes])
         except Exception as exc:  # a bug in the runner: every job of the batch fails with it
             results = [(None, exc)] * len(indexes)
         for index, outcome in zip(indexes, results, strict=True):

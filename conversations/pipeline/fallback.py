@@ -147,7 +147,8 @@ def chain_specs(
     specs: list[ProviderSpec] = []
     seen: set[str] = set()
     for entry in entries:
-        spec = entry if isinstance(entry, ProviderSpec) else ProviderSpec("", entry, provider_kwargs(configs, stage, entry))
+        spec = (entry if isinstance(entry, ProviderSpec)
+                else ProviderSpec("", entry, provider_kwargs(configs, stage, entry)))
         key = spec.name or f"kind:{spec.kind}"
         if key not in seen:
             seen.add(key)

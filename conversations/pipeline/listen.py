@@ -23,7 +23,6 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
 
 from conversations.pipeline.aio import cancel_and_wait
 from conversations.pipeline.cpu_pool import CpuMill
@@ -255,9 +254,9 @@ class Hearing:
         stamps: list[int] = []
         while self._queue and len(batch) < MAX_BATCH:
             item = self._queue.popleft()
-            if item is _FLUSH:
+            if not isinstance(item, tuple):  # _FLUSH
                 return batch, arrivals, stamps, True
-            packet, arrived, stamp = cast("tuple[bytes, float, int]", item)
+            packet, arrived, stamp = item
             batch.append(packet)
             arrivals.append(arrived)
             stamps.append(stamp)

@@ -18,9 +18,9 @@ from devices.protocol.messages import Message
 
 def hello_text(version: int = 1, features: dict[str, Any] | None = None) -> str:
     """The firmware's hello (protocol-reference §2.1), compact as the firmware writes it."""
-    return ('{"type":"hello","version":%d,"features":%s,"transport":"websocket",'
-            '"audio_params":{"format":"opus","sample_rate":16000,"channels":1,"frame_duration":60}}'
-            % (version, json.dumps(features or {}, separators=(",", ":"))))
+    compact = json.dumps(features or {}, separators=(",", ":"))
+    return (f'{{"type":"hello","version":{version},"features":{compact},"transport":"websocket",'
+            '"audio_params":{"format":"opus","sample_rate":16000,"channels":1,"frame_duration":60}}')
 
 
 PLAIN_HELLO = hello_text()

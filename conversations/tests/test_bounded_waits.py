@@ -132,7 +132,8 @@ async def test_the_filler_is_said_once_per_turn_however_long_the_waits(rig: Any)
 
 
 async def test_the_filler_speaks_the_personas_language(rig: Any) -> None:
-    r = await rig(make_persona(language="zh"), providers={"llm.fake_echo": {"reply": "好的。", "first_token_delay": 2.5}})
+    r = await rig(make_persona(language="zh"),
+                  providers={"llm.fake_echo": {"reply": "好的。", "first_token_delay": 2.5}})
     await one_turn(r)
     assert subtitles(r) == ["请稍等。", "好的。"]
 

@@ -28,7 +28,8 @@ def shipped_personas() -> None:
 def test_a_chinese_persona_ships_beside_the_english_default() -> None:
     english, chinese = Persona.objects.get(name="Xiaozhi"), Persona.objects.get(name="小智")
     assert english.is_default and not chinese.is_default and english.language == "en"
-    assert (chinese.language, chinese.voice, chinese.tts_providers) == ("zh", "zh-CN-XiaoxiaoNeural", ["edge", "espeak"])
+    assert (chinese.language, chinese.voice, chinese.tts_providers) == (
+        "zh", "zh-CN-XiaoxiaoNeural", ["edge", "espeak"])
     assert (chinese.greeting, chinese.farewell) == ("你好，我在听。", "再见！")
     assert "再见" in chinese.exit_phrases and "你是{persona_name}" in chinese.system_prompt
 
@@ -43,7 +44,8 @@ def test_the_chinese_prompt_fills_every_placeholder() -> None:
 
 
 @pytest.mark.parametrize(("language_code", "default"), [("zh-hans", "小智"), ("en-us", "Xiaozhi")])
-def test_a_chinese_server_makes_the_chinese_persona_the_default(settings: Any, language_code: str, default: str) -> None:
+def test_a_chinese_server_makes_the_chinese_persona_the_default(settings: Any, language_code: str,
+                                                                 default: str) -> None:
     Persona.objects.filter(name="小智").delete()
     settings.LANGUAGE_CODE = language_code
     migration.create_chinese_persona(apps, None)

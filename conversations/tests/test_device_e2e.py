@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from conversations.models import Conversation
 from conversations.tests.e2e import session_recorded_closed
 from conversations.tests.fakes import PLAIN_HELLO
 from devices.models import Device

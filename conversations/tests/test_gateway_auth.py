@@ -27,7 +27,7 @@ from conversations.gateway.keys import gateway_key_create, gateway_keys_revoke
 from conversations.gateway.store import ChatOptions, SessionStore
 from conversations.models import GatewayKey, Persona
 from conversations.routing import websocket_urlpatterns
-from testing.fake_openai import FakeOpenAI, Reply
+from testing.fake_openai import FakeOpenAI
 from tools.builtin import SessionToolState
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -27,7 +27,8 @@ from conversations.routing import websocket_urlpatterns
 from testing.fake_openai import Call, FakeOpenAI, Reply
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "gateway_client.py"
-BATTERY = {"name": "get_battery", "description": "获取设备当前电量百分比", "parameters": {"type": "object", "properties": {}}}
+BATTERY = {"name": "get_battery", "description": "获取设备当前电量百分比",
+           "parameters": {"type": "object", "properties": {}}}
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -241,7 +242,8 @@ async def test_every_error_code_of_the_seed_reaches_the_client(
     for name, value in overrides.items():
         setattr(gateway_settings, name, value)
     if code == "INTERNAL_ERROR":
-        monkeypatch.setattr(PROCESS, "llm_factory", lambda specs: ProviderChain("llm", [Slot("broken", BrokenLLM(), 60.0)]))
+        monkeypatch.setattr(PROCESS, "llm_factory",
+                            lambda specs: ProviderChain("llm", [Slot("broken", BrokenLLM(), 60.0)]))
     socket = await open_socket()
     await connected(socket)
     error = await scenario(socket, fake)
@@ -254,7 +256,8 @@ async def test_every_error_code_of_the_seed_reaches_the_client(
 # -- limits -------------------------------------------------------------------------------------------------
 
 
-async def test_a_message_over_the_size_limit_gets_an_error_then_close_1009(open_socket: Any, gateway_settings: Any) -> None:
+async def test_a_message_over_the_size_limit_gets_an_error_then_close_1009(open_socket: Any,
+                                                                          gateway_settings: Any) -> None:
     gateway_settings.CLOUD_MAX_MESSAGE_BYTES = 2048
     socket = await open_socket()
     await connected(socket)
@@ -392,8 +395,10 @@ async def test_the_documented_example_client_runs_against_the_server(
     assert "Response: 您的设备电量还剩85%。" in run.stdout and "Response: 已将音量设置为50" in run.stdout
     session_id = run.stdout.split("Session ID: ")[1].split()[0]
     # The second question carries the first exchange: the example enables the context.
-    assert fake.chat_requests[-1].messages[1:3] == [{"role": "user", "content": "我的电量还剩多少？"},
-                                                    {"role": "assistant", "content": "您的设备电量还剩85%。"}]  # fmt: skip
+    assert fake.chat_requests[-1].messages[1:3] == [
+        {"role": "user", "content": "我的电量还剩多少？"},
+        {"role": "assistant", "content": "您的设备电量还剩85%。"},
+    ]
 
     turns = await _stored_turns(session_id, 2)
     assert [t.user_text for t in turns] == ["我的电量还剩多少？", "把音量调到50"]

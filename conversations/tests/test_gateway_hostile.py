@@ -43,7 +43,7 @@ def client_tool(name: str, schema: Any) -> dict[str, Any]:
 
 
 async def test_client_tools_with_hostile_schemas_are_refused_with_the_reason_and_nothing_is_fetched(
-    gateway: Gateway, fake: FakeOpenAI, recorder: RecordingServer
+    gateway: Gateway, fake: FakeOpenAI, recorder: RecordingServer  # noqa: F811  (fixtures imported above)
 ) -> None:
     corpus = hostile_schemas(recorder.url)
     session, client, _ = await gateway.open(client_tools_max=len(corpus))
@@ -53,7 +53,7 @@ async def test_client_tools_with_hostile_schemas_are_refused_with_the_reason_and
     summary = got[-1]
     assert errors(got) == ["INVALID_TOOL_PARAMETERS"] * len(refused)
     assert [e["message"] for e in got[:-1]] == [h.refusal for h in refused]
-    assert all(e["details"].startswith(f"tool '{h.name}'") for e, h in zip(got, refused))
+    assert all(e["details"].startswith(f"tool '{h.name}'") for e, h in zip(got[:-1], refused, strict=True))
     assert summary["type"] == "tools_registered" and summary["count"] == len(corpus) - len(refused)
 
     # An accepted schema still checks the model's arguments, without fetching anything.
@@ -66,7 +66,7 @@ async def test_client_tools_with_hostile_schemas_are_refused_with_the_reason_and
 
 
 async def test_a_register_tools_listing_3000_tools_is_refused_whole_before_any_schema_is_checked(
-    gateway: Gateway, recorder: RecordingServer
+    gateway: Gateway, recorder: RecordingServer  # noqa: F811  (fixture imported above)
 ) -> None:
     session, client, _ = await gateway.open()  # CLIENT_TOOLS_MAX_COUNT: 32
     remote = {"type": "object", "properties": {"q": {"$ref": f"{recorder.url}/x.json"}}}
@@ -80,7 +80,7 @@ async def test_a_register_tools_listing_3000_tools_is_refused_whole_before_any_s
     assert client.pending() == [] and recorder.requests == []
 
 
-async def test_a_description_over_the_limit_is_refused(gateway: Gateway) -> None:
+async def test_a_description_over_the_limit_is_refused(gateway: Gateway) -> None:  # noqa: F811  (fixture)
     session, client, _ = await gateway.open()
     await send(session, type="register_tools", tools=[{**BATTERY, "description": "说" * 5000}])
     error, summary = await client.next(), await client.next()

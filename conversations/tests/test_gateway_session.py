@@ -26,7 +26,8 @@ from conversations.turns.record import TurnRecord
 from testing.fake_openai import Call, FakeOpenAI, Reply
 from tools.builtin import SessionToolState
 
-BATTERY = {"name": "get_battery", "description": "获取设备当前电量百分比", "parameters": {"type": "object", "properties": {}}}
+BATTERY = {"name": "get_battery", "description": "获取设备当前电量百分比",
+           "parameters": {"type": "object", "properties": {}}}
 VOLUME = {
     "name": "set_volume",
     "description": "设置设备音量",
@@ -329,7 +330,8 @@ async def test_failed_registrations_come_with_their_error_codes(gateway: Gateway
         ("1tool", "failed", "Invalid tool name: tool name must start with a letter or an underscore"),
         ("bad_schema", "failed", "Tool parameters are not a valid JSON Schema"),
     ]
-    await send(session, type="register_tools", tools=[VOLUME, {**BATTERY, "name": "third"}, {**BATTERY, "name": "fourth"}])
+    await send(session, type="register_tools",
+               tools=[VOLUME, {**BATTERY, "name": "third"}, {**BATTERY, "name": "fourth"}])
     got = [await client.next() for _ in range(2)]
     assert errors(got) == ["TOOL_REGISTRATION_FAILED"] and got[-1]["count"] == 2
     assert [(t["name"], t["status"], t.get("error")) for t in got[-1]["tools"]] == [
@@ -346,14 +348,16 @@ async def test_client_tools_can_be_disabled(gateway: Gateway) -> None:
     assert errors(got) == ["TOOL_REGISTRATION_FAILED"] and got[1]["count"] == 0
 
 
-async def test_a_client_tool_is_called_back_and_its_result_reaches_the_model(gateway: Gateway, fake: FakeOpenAI) -> None:
+async def test_a_client_tool_is_called_back_and_its_result_reaches_the_model(gateway: Gateway,
+                                                                            fake: FakeOpenAI) -> None:
     session, client, hooks = await gateway.open()
     await register(session, client, BATTERY)
     fake.script(Reply(tool_calls=[Call("get_battery", {})]), Reply(text="您的设备电量还剩85%"))
     await send(session, type="text_input", text="我的电量还剩多少？")
     assert types([await client.next(), await client.next()]) == ["status:processing", "status:waiting_for_tools"]
     callback = await client.next()
-    assert callback["type"] == "tool_callback" and callback["tool_name"] == "get_battery" and callback["arguments"] == {}
+    assert callback["type"] == "tool_callback" and callback["tool_name"] == "get_battery"
+    assert callback["arguments"] == {}
     await send(session, type="tool_result", call_id=callback["call_id"], result={"level": 85, "charging": False},
                success=True)  # fmt: skip
     got = await client.until_idle()
@@ -364,14 +368,16 @@ async def test_a_client_tool_is_called_back_and_its_result_reaches_the_model(gat
     assert (late["code"], late["message"]) == ("INVALID_MESSAGE", "call_id was already answered")
 
 
-async def test_a_mixed_turn_runs_server_tools_then_waits_for_all_client_tools(gateway: Gateway, fake: FakeOpenAI) -> None:
+async def test_a_mixed_turn_runs_server_tools_then_waits_for_all_client_tools(gateway: Gateway,
+                                                                              fake: FakeOpenAI) -> None:
     session, client, _ = await gateway.open()
     await register(session, client, BATTERY, VOLUME)
     calls = [Call("set_volume", {"volume": 50}), Call("get_current_time", {}), Call("get_battery", {})]
     fake.script(Reply(tool_calls=calls), Reply(text="已将音量设置为50。"))
     await send(session, type="text_input", text="设置音量50并告诉我时间和电量")
     got = [await client.next() for _ in range(5)]
-    assert types(got) == ["status:processing", "tool_call", "status:waiting_for_tools", "tool_callback", "tool_callback"]
+    assert types(got) == ["status:processing", "tool_call", "status:waiting_for_tools", "tool_callback",
+                          "tool_callback"]
     assert got[1]["tool_name"] == "get_current_time" and got[2]["data"]["pending_tools"] == 2
     by_name = {m["tool_name"]: m for m in got[3:]}
     # Answer in the other order: results still reach the model in its own call order.
@@ -407,7 +413,8 @@ async def test_a_client_reporting_failure_is_tool_execution_failed(gateway: Gate
     fake.script(Reply(tool_calls=[Call("get_battery", {})]), Reply(text="设备连接超时了。"))
     await send(session, type="text_input", text="电量")
     callback = [m for m in [await client.next() for _ in range(3)] if m["type"] == "tool_callback"][0]
-    await send(session, type="tool_result", call_id=callback["call_id"], result=None, success=False, error="设备连接超时")
+    await send(session, type="tool_result", call_id=callback["call_id"], result=None, success=False,
+               error="设备连接超时")
     got = await client.until_idle()
     assert types(got) == ["error", "llm_response", "status:idle"]
     assert got[0]["code"] == "TOOL_EXECUTION_FAILED" and "设备连接超时" in got[0]["details"]

@@ -60,7 +60,8 @@ def fake_llm() -> Iterator[FakeOpenAI]:
 
 
 @pytest.fixture(scope="module")
-def server(django_db_setup: Any, django_db_blocker: Any, fake_llm: FakeOpenAI, espeak_log: Path) -> Iterator[AsgiServer]:
+def server(django_db_setup: Any, django_db_blocker: Any, fake_llm: FakeOpenAI,
+           espeak_log: Path) -> Iterator[AsgiServer]:
     from django.db import connection
 
     with django_db_blocker.unblock():

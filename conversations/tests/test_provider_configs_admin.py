@@ -204,8 +204,9 @@ def test_a_new_persona_starts_with_the_default_chains(staff: Client) -> None:
     llm_formset = next(f for f in page.context["inline_admin_formsets"] if f.formset.prefix == PREFIXES["llm"])
     default_llm = provider_config_default(stage="llm", kind="openai")
     assert [form.initial["config"] for form in llm_formset.formset.forms] == [default_llm.pk]
+    formsets = page.context["inline_admin_formsets"]
     chains = {stage: [(None, form.initial["config"], form.initial["position"], False) for form in fs.formset.forms]
-              for stage in PREFIXES for fs in page.context["inline_admin_formsets"] if fs.formset.prefix == PREFIXES[stage]}
+              for stage in PREFIXES for fs in formsets if fs.formset.prefix == PREFIXES[stage]}
     response = staff.post(reverse("admin:conversations_persona_add"), persona_form(None, chains))
     assert response.status_code == 302, errors(response)
     persona = Persona.objects.get(name="New persona")

@@ -16,7 +16,6 @@ from django.core.files.storage import default_storage
 from conversations.capture import AttemptLog, AudioTrack, TurnAudio, attempts_from_json
 from conversations.models import Conversation, Persona, Turn
 from conversations.oggopus import OggOpusError, ogg_opus, packet_samples_48k
-from conversations.turns.record import TurnRecord
 from conversations.providers.asr.faster_whisper import FasterWhisperASR
 from conversations.recording import recording_mode, turn_audio_save, turn_audio_save_later
 from conversations.tests.review_data import REPLY, UTTERANCE, speech_packets, turn_audio

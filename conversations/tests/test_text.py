@@ -196,6 +196,6 @@ def test_splitting_does_not_depend_on_how_the_text_was_chunked(
     cuts = sorted(data.draw(st.sets(st.integers(0, len(text)), max_size=8)))
     splitter = SentenceSplitter(first_clause=False)
     sentences: list[str] = []
-    for start, end in zip([0, *cuts], [*cuts, len(text)]):
+    for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True):
         sentences += splitter.push(text[start:end])
     assert sentences + splitter.flush() == expected

@@ -212,6 +212,8 @@ def test_the_persona_page_links_to_the_try_page(staff: Client) -> None:
     chat = staff.get(f"/admin/conversations/persona/{target.pk}/try/")
     assert chat.status_code == 200
     html = chat.content.decode()
+    tts_name = target.chain("tts")[0].name
+    assert tts_name and f"({tts_name})" in html
     assert "Try Linky" in html and 'id="xz-try-form"' in html and "csrfmiddlewaretoken" in html
     assert SECRET not in html
 

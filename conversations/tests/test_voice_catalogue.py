@@ -19,7 +19,8 @@ from conversations.providers.tts.voices import OPENAI_VOICES, Voice, list_voices
 
 EDGE_LIST = [
     {"Name": "Microsoft Server Speech Text to Speech Voice (en-US, AriaNeural)", "ShortName": "en-US-AriaNeural",
-     "Gender": "Female", "Locale": "en-US", "FriendlyName": "Microsoft Aria Online (Natural) - English (United States)"},
+     "Gender": "Female", "Locale": "en-US",
+     "FriendlyName": "Microsoft Aria Online (Natural) - English (United States)"},
     {"ShortName": "en-GB-RyanNeural", "Gender": "Male", "Locale": "en-GB"},
     {"ShortName": "zh-CN-XiaoxiaoNeural", "Gender": "Female", "Locale": "zh-CN"},
     {"ShortName": "zh-CN-YunxiNeural", "Gender": "Male", "Locale": "zh-CN"},
@@ -71,7 +72,10 @@ async def test_espeak_lists_its_voices_filtered_by_language() -> None:
     assert len(everything) > 50
     import subprocess
 
-    accepted = parse_voice_list(subprocess.run(["espeak-ng", "--voices"], capture_output=True, text=True).stdout)
+    # Off the event loop, like the catalogue's own call.
+    listing = await asyncio.to_thread(subprocess.run, ["espeak-ng", "--voices"], capture_output=True, text=True,
+                                      check=True)
+    accepted = parse_voice_list(listing.stdout)
     assert {v.name.lower() for v in everything} <= accepted  # every listed name works with -v
 
 

@@ -99,7 +99,7 @@ async def test_the_dashboard_follows_a_device_live_and_shows_the_percentiles_of_
         for percent in (50, 95):
             expected = format_ms(_nearest_rank(values, percent))
             cell = f"[data-source=device] tr[data-stage={stage}] [data-figure=p{percent}]"
-            await _wait(dashboard, lambda: _text(dashboard, cell) == expected,
+            await _wait(dashboard, lambda cell=cell, expected=expected: _text(dashboard, cell) == expected,
                         f"{stage} p{percent} = {expected} (from the Turn rows), without a reload", timeout=30)
     assert _text(dashboard, "[data-now=turns_last_hour]") == str(TURNS)
     assert dashboard.js("return document.querySelectorAll('canvas[data-series]').length") >= 4

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pytest
 
@@ -18,12 +18,12 @@ from conversations.tests.factories import PersonaFactory
 
 pytestmark = pytest.mark.django_db
 
-NOW = datetime(2026, 11, 20, 12, 45, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 20, 12, 45, tzinfo=UTC)
 STAGES = ("asr_done", "llm_first_token", "tts_first_audio", "first_frame_sent")
 
 
 def at(hour: int, minute: int) -> datetime:
-    return datetime(2026, 11, 20, hour, minute, tzinfo=timezone.utc)
+    return datetime(2026, 11, 20, hour, minute, tzinfo=UTC)
 
 
 def test_each_finished_hour_is_rolled_up_per_persona_and_providers() -> None:
@@ -87,7 +87,7 @@ def test_odd_json_in_a_turn_is_skipped_not_an_error() -> None:
 
 def test_last_hour_percentiles_are_exact_nearest_rank_values() -> None:
     conv = conversation()
-    for minute, ms in zip(range(5), [500.0, 100.0, 400.0, 200.0, 300.0]):
+    for minute, ms in zip(range(5), [500.0, 100.0, 400.0, 200.0, 300.0], strict=True):
         turn(conv, at=NOW - timedelta(minutes=10 + minute), timings={"first_frame_sent": ms})
     turn(conv, at=NOW - timedelta(minutes=61), timings={"first_frame_sent": 9000.0})  # outside the hour
     stage = {s.key: s for s in latency_figures("1h", now=NOW).device_stages}["first_frame_sent"]

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 from dashboard import histogram
 from dashboard.stats import TIMING_KEYS, Aggregate, GroupKey, TurnRow
 
-T0 = datetime(2026, 11, 20, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 
 
 def row(minute: int = 0, *, timings: dict[str, float] | None = None, error: str = "", interrupted: bool = False,

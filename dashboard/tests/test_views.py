@@ -160,7 +160,8 @@ def test_failure_figures_link_to_the_turns_behind_them(staff: Client) -> None:
     conv = conversation(persona=persona)
     turn(conv, at=now - timedelta(minutes=5), error="asr: all providers failed", reply_text=PHRASES["apology"]["en"],
          providers={"tts": "espeak"}, user_text="apology one")
-    turn(conv, at=now - timedelta(minutes=4), interrupted=True, providers={"asr": "a", "llm": "l", "tts": "edge,espeak"},
+    turn(conv, at=now - timedelta(minutes=4), interrupted=True,
+         providers={"asr": "a", "llm": "l", "tts": "edge,espeak"},
          tool_calls=[tool_call("lamp", success=False, error="timeout")], user_text="lamp please")
     turn(conv, at=now - timedelta(minutes=3), providers={"asr": "a", "llm": "l", "tts": "edge"}, user_text="fine")
     html = staff.get("/dashboard/").content.decode()
@@ -201,7 +202,8 @@ def test_the_now_figures_count_devices_online_and_the_last_hour(staff: Client) -
     turn(conv, at=timezone.now() - timedelta(minutes=3))
     turn(conv, at=timezone.now() - timedelta(minutes=90))
     data = staff.get("/dashboard/now.json").json()
-    assert (data["devices_online"], data["turns_last_hour"], data["errors_last_hour"], data["error_rate"]) == (1, 2, 1, 0.5)
+    figures = (data["devices_online"], data["turns_last_hour"], data["errors_last_hour"], data["error_rate"])
+    assert figures == (1, 2, 1, 0.5)
     assert set(data["sessions"]) == {"connecting", "idle", "listening", "thinking", "speaking"}
 
 

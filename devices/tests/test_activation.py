@@ -51,7 +51,8 @@ def proof(key_hex: str, challenge: str) -> str:
 
 def check_in(client: Client, mac: str, serial: str = "") -> dict[str, Any]:
     response = client.post("/xiaozhi/ota/", data=json.dumps(ota_body(mac=mac, client_id=CLIENT)),
-                           content_type="application/json", headers=ota_headers(mac=mac, client_id=CLIENT, serial=serial))
+                           content_type="application/json",
+                           headers=ota_headers(mac=mac, client_id=CLIENT, serial=serial))
     assert response.status_code == 200
     return response.json()
 

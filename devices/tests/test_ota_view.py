@@ -259,3 +259,50 @@ def test_client_address_trusts_only_the_configured_number_of_proxies(rf, setting
     assert client_address(request) == "203.0.113.7"
     settings.XIAOZHI_TRUSTED_PROXY_COUNT = 3  # fewer entries than proxies: the header is not ours
     assert client_address(request) == "10.0.0.1"
+
+
+# --- A cheap check-in (issue 17: reboot storms) -------------------------------------------------
+
+
+def test_an_unchanged_check_in_writes_nothing_and_hands_out_the_same_token(client: Client) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    first = post_ota(client).json()["websocket"]["token"]
+    checked_in = Device.objects.get().last_checkin_at
+    with CaptureQueriesContext(connection) as queries:
+        again = post_ota(client).json()["websocket"]["token"]
+    writes = [q["sql"] for q in queries.captured_queries
+              if q["sql"].lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE"))]
+    assert writes == []
+    assert again == first
+    assert Device.objects.get().last_checkin_at == checked_in
+
+
+def test_a_change_or_an_old_check_in_is_written(client: Client) -> None:
+    from datetime import timedelta
+
+    from devices.services import CHECKIN_REFRESH
+
+    post_ota(client)
+    post_ota(client, REMOTE_ADDR="10.1.2.3")  # a new address is news
+    assert Device.objects.get().last_ip == "10.1.2.3"
+    stale = Device.objects.get().last_checkin_at - CHECKIN_REFRESH - timedelta(seconds=1)
+    Device.objects.update(last_checkin_at=stale)
+    post_ota(client, REMOTE_ADDR="10.1.2.3")
+    assert Device.objects.get().last_checkin_at > stale + CHECKIN_REFRESH
+
+
+def test_a_revocation_changes_the_token_a_check_hands_out(client: Client) -> None:
+    from devices.services import device_revoke_tokens
+
+    device = BoundDeviceFactory(mac=MAC, client_id=CLIENT)
+    before = post_ota(client).json()["websocket"]["token"]
+    device_revoke_tokens(device=device)
+    assert post_ota(client).json()["websocket"]["token"] == ""  # revoked: a code, no token
+    Device.objects.filter(pk=device.pk).update(revoked_at=None)  # bound again
+    after = post_ota(client).json()["websocket"]["token"]
+    assert after and after != before
+    device.refresh_from_db()
+    assert token_verify(after, secret=settings.SECRET_KEY, client_id=CLIENT, device_id=MAC,
+                        generation=device.token_generation, ttl_seconds=3600, now=time.time()).ok

@@ -85,7 +85,8 @@ class RemoteMcpServer:
                 break
             seen.add(cursor)
         if len(found) > max_tools:
-            logger.warning("mcp tool cap reached", extra={"mcp_server": self.name, "tools": len(found), "limit": max_tools})
+            logger.warning("mcp tool cap reached",
+                           extra={"mcp_server": self.name, "tools": len(found), "limit": max_tools})
         return list(found.values())[:max_tools]
 
     def _spec(self, tool: Any) -> ToolSpec:

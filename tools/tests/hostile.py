@@ -89,7 +89,8 @@ def hostile_schemas(base: str) -> list[Hostile]:
     return [
         Hostile("remote_ref", {"type": "object", "properties": {"q": {"$ref": f"{base}/secret.json"}}}, local),
         Hostile("file_ref", {"type": "object", "properties": {"q": {"$ref": "file:///etc/passwd"}}}, local),
-        Hostile("remote_dynamic_ref", {"type": "object", "properties": {"q": {"$dynamicRef": f"{base}/d.json"}}}, local),
+        Hostile("remote_dynamic_ref",
+                {"type": "object", "properties": {"q": {"$dynamicRef": f"{base}/d.json"}}}, local),
         Hostile("relative_ref_under_remote_id",
                 {"$id": f"{base}/root.json", "type": "object", "properties": {"q": {"$ref": "other.json"}}}, local),
         Hostile("embedded_remote_id",

@@ -134,7 +134,8 @@ def check_arguments(schema: dict, arguments: dict) -> None:
                 raise RuntimeError(f"Missing valid argument: {prop}")
             continue
         value = arguments[prop]
-        if isinstance(rules, dict) and rules.get("type") == "integer" and "maximum" in rules and value > rules["maximum"]:
+        integer = isinstance(rules, dict) and rules.get("type") == "integer"
+        if integer and "maximum" in rules and value > rules["maximum"]:
             raise RuntimeError(f"Value exceeds maximum allowed: {rules['maximum']}")
 
 

@@ -115,7 +115,8 @@ def hostile_mcp_server(corpus: list[Hostile], extra: int = 0) -> Server:
         page = int(params.cursor) if params and params.cursor else 0
         listed.append(page)
         more = (page + 1) * 100 < len(tools)
-        return types.ListToolsResult(tools=tools[page * 100:(page + 1) * 100], next_cursor=str(page + 1) if more else None)
+        return types.ListToolsResult(tools=tools[page * 100:(page + 1) * 100],
+                                     next_cursor=str(page + 1) if more else None)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(params.arguments))])

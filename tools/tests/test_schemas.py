@@ -160,7 +160,8 @@ JSON = st.recursive(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=JSON, instance=JSON)
-def test_any_json_is_either_refused_or_validates_any_arguments_without_raising(schema: object, instance: object) -> None:
+def test_any_json_is_either_refused_or_validates_any_arguments_without_raising(schema: object,
+                                                                              instance: object) -> None:
     try:
         validator = compile_schema(schema, **LIMITS)
     except SchemaRefused:

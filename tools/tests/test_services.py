@@ -94,6 +94,7 @@ def test_the_admin_lists_servers_with_health_and_tool_counts(client, registered:
 def test_the_admin_action_refreshes_on_demand(client, registered: McpServer) -> None:  # noqa: ANN001
     admin = get_user_model().objects.create_superuser("root", "r@example.com", "pw")
     client.force_login(admin)
-    response = client.post("/admin/tools/mcpserver/", {"action": "refresh_tools", "_selected_action": [registered.pk]}, follow=True)
+    response = client.post("/admin/tools/mcpserver/",
+                           {"action": "refresh_tools", "_selected_action": [registered.pk]}, follow=True)
     assert "demo: 4 tools" in [str(m) for m in response.context["messages"]]
     assert McpTool.objects.filter(server=registered).count() == 4

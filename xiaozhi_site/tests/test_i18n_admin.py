@@ -33,7 +33,7 @@ from django.urls import URLPattern, reverse
 from django.utils import timezone
 
 from conversations.models import Conversation, Persona, Turn
-from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease
+from devices.models import ActivationCode, Device, DeviceKey
 from devices.tests.factories import FirmwareReleaseFactory
 from tools.models import McpServer, McpTool
 

@@ -18,6 +18,7 @@ def run_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]
         [sys.executable, "-c", PRINT_STORAGE], cwd=BASE_DIR, capture_output=True, text=True, timeout=60,
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "xiaozhi_site.settings", "XIAOZHI_DATA_DIR": str(tmp_path),
              **env},
+        check=False,
     )
 
 

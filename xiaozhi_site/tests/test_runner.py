@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def _descendants(pid: int) -> set[int]:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True, check=False).stdout
     children: dict[int, list[int]] = {}
     for line in out.split("\n"):
         if line.strip():

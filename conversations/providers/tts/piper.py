@@ -83,7 +83,8 @@ def read_voice(model: Path) -> VoiceFile | None:
         logger.warning("piper voice skipped: unreadable config", extra={"voice": model.name, "error": repr(exc)[:200]})
         return None
     if phoneme_type not in SUPPORTED_PHONEME_TYPES:
-        logger.warning("piper voice skipped: unsupported phonemes", extra={"voice": model.name, "phonemes": phoneme_type})
+        logger.warning("piper voice skipped: unsupported phonemes",
+                       extra={"voice": model.name, "phonemes": phoneme_type})
         return None
     name = model.name.removesuffix(".onnx")
     language = data.get("language", {}).get("code") if isinstance(data.get("language"), dict) else None

@@ -30,5 +30,5 @@ class Command(BaseCommand):
             "created": result.created, "updated": result.updated})
         if errors or result.errors:
             failed = len(errors) + len(result.errors)
-            raise CommandError(ngettext("%(count)d line was not imported.", "%(count)d lines were not imported.", failed)
-                               % {"count": failed})
+            message = ngettext("%(count)d line was not imported.", "%(count)d lines were not imported.", failed)
+            raise CommandError(message % {"count": failed})

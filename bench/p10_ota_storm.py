@@ -1,0 +1,252 @@
+"""P10 — reboot storm: after a power cut a whole fleet checks in at once, then connects.
+
+    .venv/bin/python bench/p10_ota_storm.py [--devices 5000] [--window 30] [--calm 200]
+        [--workers N --redis redis://…/<db>] [--servers daphne]
+
+A fresh server (bench/common.py) with token authentication, as in production, and a fleet of
+N bound devices created in its database. Every device comes from its own address
+(X-Forwarded-For, with XIAOZHI_TRUSTED_PROXY_COUNT=1), so per-address rate limits apply as
+they would to a real fleet. Phases:
+
+1. **first check-in**: every device checks in once (its row learns its board, firmware,
+   address: the check-in that writes), 100 at a time; not a target, reported.
+2. **calm**: `--calm` check-ins one after the other by devices the server knows, nothing
+   changed: the OTA round trip of one device on an idle server (target p50 ≤ 10 ms).
+3. **storm**: each of the N devices checks in at a random moment within `--window` seconds
+   (the OTA POST the firmware sends at boot: its body and headers, a new connection each),
+   then opens its WebSocket with the token from the reply, says hello and answers the
+   server's MCP handshake, as the firmware does. Targets: 0 errors, OTA p99 ≤ 1 s; the
+   hello round trip is reported.
+
+Errors: any OTA answer other than 200 with a token, any failed connect or hello (close codes
+counted). The load generator shares the machine's cores; its CPU is reported.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from common import (
+    BASE_DIR, BenchServer, core_share, fmt, header, md_table, median, own_cpu_seconds, percentile, server_modes,
+    verdict,
+)
+from loadgen import LightDevice, mac_for
+
+from simulator.ota import Identity, request_headers, system_info
+
+OTA_P50_TARGET_MS = 10.0
+OTA_P99_TARGET_MS = 1000.0
+OTA_PATH = "/xiaozhi/ota/"
+FIRST_CONCURRENCY = 100
+
+
+@dataclass
+class Phase:
+    name: str
+    ota_ms: list[float] = field(default_factory=list)
+    hello_ms: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    server_cpu: float = 0.0
+    client_cpu: float = 0.0
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+
+@dataclass(frozen=True)
+class Member:
+    index: int
+    mac: str
+    client_id: str
+
+    @property
+    def address(self) -> str:
+        return f"10.{(self.index >> 16) & 255}.{(self.index >> 8) & 255}.{self.index & 255}"
+
+    def identity(self) -> Identity:
+        return Identity(mac=self.mac, client_id=self.client_id, board="bread-compact-wifi",
+                        firmware_version="2.4.2", language="zh-CN", serial_number=None)
+
+
+def fleet(count: int) -> list[Member]:
+    return [Member(i, mac_for(0x500000 + i), f"00000000-0000-4000-8000-{i:012d}") for i in range(count)]
+
+
+def create_fleet(bench: BenchServer, members: list[Member]) -> None:
+    """N bound devices (one owner) in the server's database, in one transaction."""
+    code = (
+        "import json, os; from django.contrib.auth import get_user_model; from django.utils import timezone; "
+        "from devices.models import Device; "
+        "owner = get_user_model().objects.create_user('fleet-owner'); now = timezone.now(); "
+        "Device.objects.bulk_create([Device(mac=m, client_id=c, owner=owner, bound_at=now) "
+        "for m, c in json.loads(os.environ['BENCH_FLEET'])], batch_size=1000)"
+    )
+    env = {**os.environ, **bench.env(), "BENCH_FLEET": json.dumps([[m.mac, m.client_id] for m in members])}
+    subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=BASE_DIR, env=env, check=True)
+
+
+async def check_in(session: aiohttp.ClientSession, url: str, member: Member, phase: Phase) -> str | None:
+    """One OTA check like the firmware's; returns the token, or None (an error is counted)."""
+    identity = member.identity()
+    headers = {**request_headers(identity), "X-Forwarded-For": member.address}
+    body = json.dumps(system_info(identity))
+    started = time.perf_counter()
+    try:
+        async with session.post(url, data=body.encode(), headers=headers) as response:
+            text = await response.text()
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        phase.error(f"OTA {type(exc).__name__}")
+        return None
+    phase.ota_ms.append((time.perf_counter() - started) * 1000)
+    if status != 200:
+        phase.error(f"OTA HTTP {status}")
+        return None
+    token = json.loads(text).get("websocket", {}).get("token", "")
+    if not token:
+        phase.error("OTA without a token")
+        return None
+    return str(token)
+
+
+def http_session() -> aiohttp.ClientSession:
+    # A new connection per check, as each device opens its own; no client-side queueing limit.
+    connector = aiohttp.TCPConnector(force_close=True, limit=0)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30),
+                                 skip_auto_headers=("Accept", "Accept-Encoding"))
+
+
+async def first_check_ins(url: str, members: list[Member], phase: Phase) -> None:
+    gate = asyncio.Semaphore(FIRST_CONCURRENCY)
+
+    async def one(member: Member) -> None:
+        async with gate:
+            await check_in(session, url, member, phase)
+
+    async with http_session() as session:
+        await asyncio.gather(*(one(member) for member in members))
+
+
+async def calm(url: str, members: list[Member], phase: Phase) -> None:
+    async with http_session() as session:
+        for member in members:
+            await check_in(session, url, member, phase)
+
+
+async def storm(url: str, ws_url: str, members: list[Member], window: float, phase: Phase) -> list[LightDevice]:
+    rng = random.Random(len(members))
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.5
+    devices: list[LightDevice] = []
+
+    async def boot(member: Member, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - loop.time()))
+        token = await check_in(session, url, member, phase)
+        if token is None:
+            return
+        device = LightDevice(ws_url, member.mac, token=token, client_id=member.client_id,
+                             headers={"X-Forwarded-For": member.address})
+        devices.append(device)
+        try:
+            await device.connect()
+            phase.hello_ms.append(await device.hello(timeout=30.0) * 1000)
+        except Exception as exc:  # noqa: BLE001 - counted, the storm goes on
+            reason = f"{device.close_code} {device.close_reason}" if device.close_code else type(exc).__name__
+            phase.error(f"connect/hello: {reason}")
+
+    async with http_session() as session:
+        await asyncio.gather(*(boot(m, start + rng.uniform(0, window)) for m in members))
+    return devices
+
+
+async def run(bench: BenchServer, members: list[Member], window: float, calm_count: int) -> list[Phase]:
+    url = bench.http_url + OTA_PATH
+    phases = [Phase("first check-in (writes)"), Phase("calm: one device at a time"), Phase("storm")]
+
+    async def measured(phase: Phase, work: object) -> object:
+        cpu, client, started = bench.cpu_seconds(), own_cpu_seconds(), time.perf_counter()
+        result = await work  # type: ignore[misc]
+        phase.seconds = time.perf_counter() - started
+        phase.server_cpu, phase.client_cpu = bench.cpu_seconds() - cpu, own_cpu_seconds() - client
+        return result
+
+    await measured(phases[0], first_check_ins(url, members, phases[0]))
+    print(f"  first check-in: {len(phases[0].ota_ms)} answered, {phases[0].error_count} errors", flush=True)
+    await measured(phases[1], calm(url, members[:calm_count], phases[1]))
+    print(f"  calm: OTA p50 {fmt(median(phases[1].ota_ms), 2)} ms", flush=True)
+    devices = await measured(phases[2], storm(url, bench.ws_url, members, window, phases[2]))
+    print(f"  storm: {len(phases[2].ota_ms)} OTA answers, {phases[2].error_count} errors", flush=True)
+    await asyncio.gather(*(d.close() for d in devices))  # type: ignore[union-attr]
+    return phases
+
+
+def report(phases: list[Phase], devices: int, window: float, mode: str) -> None:
+    print(header("P10 — reboot storm (OTA check-in, then connect)"))
+    print(f"{devices} bound devices, each from its own address; storm: all within {window:g} s; server {mode}\n")
+    rows = []
+    for phase in phases:
+        rows.append([
+            phase.name, str(len(phase.ota_ms)), fmt(median(phase.ota_ms), 2), fmt(percentile(phase.ota_ms, 0.9), 1),
+            fmt(percentile(phase.ota_ms, 0.99), 1), fmt(max(phase.ota_ms, default=float("nan")), 1),
+            str(len(phase.hello_ms)) if phase.hello_ms else "-",
+            fmt(median(phase.hello_ms), 1) if phase.hello_ms else "-",
+            fmt(percentile(phase.hello_ms, 0.99), 1) if phase.hello_ms else "-",
+            str(phase.error_count), f"{phase.seconds:.1f}",
+            f"{core_share(phase.server_cpu, phase.seconds)} / {core_share(phase.client_cpu, phase.seconds)}",
+        ])
+    print(md_table(["phase", "OTA answers", "OTA p50 ms", "p90", "p99", "max", "hellos", "hello p50 ms", "hello p99",
+                    "errors", "seconds", "CPU server / load gen"], rows))
+    for phase in phases:
+        if phase.errors:
+            print(f"- {phase.name} errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(phase.errors.items())))
+    calm_phase, storm_phase = phases[1], phases[2]
+    print()
+    print(verdict(f"OTA check-in p50 ≤ {OTA_P50_TARGET_MS:g} ms (calm)", median(calm_phase.ota_ms) <= OTA_P50_TARGET_MS,
+                  f"p50 {fmt(median(calm_phase.ota_ms), 2)} ms"))
+    ok = storm_phase.error_count == 0 and percentile(storm_phase.ota_ms, 0.99) <= OTA_P99_TARGET_MS
+    print(verdict(f"storm of {devices} in {window:g} s: 0 errors, OTA p99 ≤ {OTA_P99_TARGET_MS:g} ms", ok,
+                  f"{storm_phase.error_count} errors, p99 {fmt(percentile(storm_phase.ota_ms, 0.99), 1)} ms"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="P10: reboot storm")
+    parser.add_argument("--devices", type=int, default=5000)
+    parser.add_argument("--window", type=float, default=30.0, help="seconds over which the fleet checks in")
+    parser.add_argument("--calm", type=int, default=200, help="check-ins one at a time for the calm p50")
+    parser.add_argument("--servers", default="daphne")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", ""))
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 3 * args.devices + 1000  # sockets here and (inherited) in the server
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, wanted) if hard != resource.RLIM_INFINITY else wanted,
+                                                    hard))
+    members = fleet(args.devices)
+    mode = server_modes(args.servers, args.workers, args.redis)[0]
+    env = {"XIAOZHI_WS_AUTH": "token", "XIAOZHI_TRUSTED_PROXY_COUNT": "1",
+           "XIAOZHI_MAX_DEVICE_CONNECTIONS": str(args.devices + 100),
+           "XIAOZHI_IDLE_TIMEOUT_SECONDS": "3600", "XIAOZHI_HARD_TIMEOUT_SECONDS": "3600"}
+    with BenchServer(env=env, prefix="p10-", server=mode.server, workers=mode.workers,
+                     redis_url=mode.redis_url) as bench:
+        create_fleet(bench, members)
+        phases = asyncio.run(run(bench, members, args.window, min(args.calm, args.devices)))
+    report(phases, args.devices, args.window, mode.label)
+
+
+if __name__ == "__main__":
+    main()
