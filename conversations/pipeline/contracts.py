@@ -93,7 +93,7 @@ class VoiceEngine(Protocol):
 
     def on_listen_detect(self, text: str) -> None: ...
 
-    def on_audio(self, opus: bytes, timestamp: int = 0) -> None: ...  # timestamp: v2 uplink stamp
+    def on_audio(self, opus: bytes, timestamp: int) -> None: ...  # timestamp: v2 uplink stamp (0: none)
 
     def on_audio_sent(self, opus: bytes, timestamp: int) -> None: ...  # server AEC's reference
 
