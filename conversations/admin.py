@@ -99,6 +99,9 @@ class PersonaAdminForm(forms.ModelForm):
         high, low = data.get("vad_threshold"), data.get("vad_threshold_low")
         if high is not None and low is not None and low > high:
             self.add_error("vad_threshold_low", gettext("Must not be above the speech threshold."))
+        pause, longest = data.get("turn_pause_ms"), data.get("turn_max_silence_ms")
+        if pause is not None and longest is not None and pause >= longest:
+            self.add_error("turn_pause_ms", gettext("Must be shorter than the maximum silence."))
         return data
 
 
@@ -119,6 +122,7 @@ class PersonaAdmin(admin.ModelAdmin):
             "max_tokens", "context_turns",
         )}),
         (_("Turn-taking (voice activity detection)"), {"fields": (
+            "turn_detection", "turn_pause_ms", "turn_max_silence_ms",
             "vad_threshold", "vad_threshold_low", "vad_min_silence_ms",
         )}),
         (_("Interrupting a reply (barge-in)"), {

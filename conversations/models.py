@@ -187,7 +187,29 @@ class Persona(models.Model):
         _("silence threshold"), default=0.3, validators=[MinValueValidator(0.01), MaxValueValidator(0.99)]
     )
     vad_min_silence_ms = models.PositiveIntegerField(
-        _("end-of-speech silence (ms)"), default=600, validators=[MinValueValidator(100)]
+        _("end-of-speech silence (ms)"), default=600, validators=[MinValueValidator(100)],
+        help_text=_("Silence turn detection: the quiet that ends an utterance."),
+    )
+    TURN_SMART = "smart"
+    TURN_SILENCE = "silence"
+    TURN_DETECTION_CHOICES = (
+        (TURN_SMART, _("Smart: ask the end-of-turn model on each pause")),
+        (TURN_SILENCE, _("Silence: a fixed silence window")),
+    )
+    turn_detection = models.CharField(
+        _("turn detection"), max_length=10, choices=TURN_DETECTION_CHOICES, default=TURN_SMART,
+        help_text=_(
+            "Smart ends a turn as soon as a short pause sounds like the end of a sentence, and waits "
+            "through pauses in the middle of one; silence waits for the end-of-speech silence."
+        ),
+    )
+    turn_pause_ms = models.PositiveIntegerField(
+        _("pause before asking (ms)"), default=200, validators=[MinValueValidator(60), MaxValueValidator(2000)],
+        help_text=_("Smart turn detection: the quiet after which the end-of-turn model is asked."),
+    )
+    turn_max_silence_ms = models.PositiveIntegerField(
+        _("maximum silence (ms)"), default=1500, validators=[MinValueValidator(200), MaxValueValidator(10000)],
+        help_text=_("Smart turn detection: a turn ends after this much quiet, whatever the model says."),
     )
     barge_in_min_ms = models.PositiveIntegerField(
         _("speech needed to interrupt (ms)"), default=180,

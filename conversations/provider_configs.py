@@ -175,6 +175,8 @@ def env_provider_options() -> dict[str, dict[str, Any]]:
                                "threads": settings.ASR_WHISPER_THREADS,
                                "max_concurrency": settings.ASR_MAX_CONCURRENCY,
                                "timeout": settings.ASR_TIMEOUT},
+        "turn.smart_turn": {"threads": settings.XIAOZHI_TURN_MODEL_THREADS,
+                            "concurrency": settings.XIAOZHI_TURN_MODEL_CONCURRENCY},
         "tts.edge": {"connect_timeout": settings.TTS_EDGE_CONNECT_TIMEOUT, "timeout": settings.TTS_TIMEOUT},
         "tts.piper": {"voices_dir": str(settings.XIAOZHI_PIPER_VOICES_DIR), "timeout": settings.TTS_TIMEOUT},
         "tts.espeak": {"binary": settings.ESPEAK_BINARY, "timeout": settings.TTS_TIMEOUT},

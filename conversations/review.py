@@ -37,6 +37,9 @@ DEVICE_TIMINGS: tuple[tuple[str, Promise], ...] = (
     ("first_frame_sent", _("First audio frame sent")),
     ("last_frame_sent", _("Last audio frame sent")),
 )
+# How the end of a device turn was decided (listen.Utterance.turn): facts, not moments, so
+# they are shown beside the waterfall rather than in it.
+END_OF_TURN_PREFIX = "turn_"
 # Gateway turns: durations, each measured from the moment the text arrived.
 GATEWAY_TIMINGS: tuple[tuple[str, Promise], ...] = (
     ("llm_ms", _("Language model (all rounds)")),
@@ -133,6 +136,7 @@ class TurnView:
     reply_audio: AudioLink | None = None
     total_ms: float | None = None
     flags: list[str] = field(default_factory=list)
+    end_of_turn: str = ""
 
     @property
     def fell_back(self) -> bool:
@@ -184,6 +188,7 @@ def turn_view(turn: Turn, audio_url: Callable[[int, str], str], *, gateway: bool
         user_audio=_audio(turn, "user", audio_url),
         reply_audio=_audio(turn, "reply", audio_url),
         total_ms=max((row.at_ms for row in rows), default=None),
+        end_of_turn="" if gateway else end_of_turn(turn.timings),
     )
     if turn.interrupted:
         view.flags.append(str(_("interrupted")))
@@ -211,7 +216,8 @@ def timing_rows(timings: object, *, gateway: bool = False) -> list[TimingRow]:
     if not isinstance(timings, dict):
         return []
     values = {str(k): float(v) for k, v in timings.items()
-              if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+              if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+              and not str(k).startswith(END_OF_TURN_PREFIX)}
     known = GATEWAY_TIMINGS if gateway else DEVICE_TIMINGS
     labels = dict(known)
     order = [key for key, _ in known if key in values] + sorted(set(values) - set(labels))
@@ -229,6 +235,31 @@ def timing_rows(timings: object, *, gateway: bool = False) -> list[TimingRow]:
         rows.append(TimingRow(key=key, label=str(labels.get(key, key)), at_ms=at, delta_ms=delta,
                               offset_pct=round(100 * start / span, 2), width_pct=round(100 * delta / span, 2)))
     return rows
+
+
+def end_of_turn(timings: object) -> str:
+    """One line on how the turn's end was decided, e.g. "Ended by the end-of-turn model
+    (probability 0.93, 81 ms) after 212 ms of silence"; empty for turns that did not say."""
+    if not isinstance(timings, dict):
+        return ""
+
+    def number(key: str) -> float | None:
+        value = timings.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    silence, complete = number("turn_silence_ms"), number("turn_complete")
+    if silence is None:
+        return ""
+    values = {"silence": f"{silence:.0f}"}
+    if complete is None:
+        return _("Ended after %(silence)s ms of silence") % values
+    values.update(probability=f"{number('turn_probability') or 0.0:.2f}", model=f"{number('turn_model_ms') or 0.0:.0f}",
+                  checks=f"{number('turn_checks') or 0.0:.0f}")
+    if complete:
+        return _("Ended by the end-of-turn model (probability %(probability)s, %(model)s ms) after %(silence)s ms "
+                 "of silence") % values
+    return _("Ended by the silence limit after %(silence)s ms; the end-of-turn model heard an unfinished sentence "
+             "(probability %(probability)s, %(checks)s checks)") % values
 
 
 def stage_attempts(data: object) -> list[StageAttempts]:

@@ -367,6 +367,12 @@ ASR_OPENAI_API_KEY = envsecret("ASR_OPENAI_API_KEY", "not-needed")
 ASR_OPENAI_MODEL = envstr("ASR_OPENAI_MODEL", "whisper-1")
 ASR_TIMEOUT = envfloat("ASR_TIMEOUT", 15.0, minimum=0.1)
 
+# --- End of turn (personas with "smart" turn detection) ----------------------------------
+# The Smart Turn model's intra-op threads per run, and how many runs may go at once per
+# process (more wait in a short queue; beyond it a pause ends on the silence window).
+XIAOZHI_TURN_MODEL_THREADS = envint("XIAOZHI_TURN_MODEL_THREADS", 1, minimum=1, maximum=16)
+XIAOZHI_TURN_MODEL_CONCURRENCY = envint("XIAOZHI_TURN_MODEL_CONCURRENCY", 2, minimum=1, maximum=16)
+
 # --- TTS ---------------------------------------------------------------------------------
 TTS_OPENAI_BASE_URL = envstr("TTS_OPENAI_BASE_URL", "")
 TTS_OPENAI_API_KEY = envsecret("TTS_OPENAI_API_KEY", "not-needed")

@@ -56,6 +56,12 @@ class PersonaConfig:
     vad_threshold: float = 0.5
     vad_threshold_low: float = 0.3
     vad_min_silence_ms: int = 600
+    # End of turn: "silence" ends an utterance after vad_min_silence_ms of quiet; "smart" asks
+    # the end-of-turn model after turn_pause_ms and waits at most turn_max_silence_ms. The
+    # pipeline's default stays "silence" (no model to load); the Persona model defaults to smart.
+    turn_detection: str = "silence"
+    turn_pause_ms: int = 200
+    turn_max_silence_ms: int = 1500
     barge_in_min_ms: int = 180  # speech over a reply needed to interrupt it (realtime mode)
     barge_in_min_probability: float = 0.8  # VAD probability a window needs to count for it
     greeting: str = ""
@@ -76,6 +82,7 @@ class SessionConfig:
     # "stage.kind" -> constructor keyword arguments (URLs, keys, model paths) from settings
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     vad: str = "silero"  # the VAD provider kind (one per process, shared by every session)
+    turn_model: str = "smart_turn"  # the end-of-turn model kind, for "smart" personas (one per process)
     aec: str = "webrtc"  # server-side echo canceller for `features.aec` devices ("": none)
     llm_model: str = ""
     downlink_sample_rate: int = 24000

@@ -11,7 +11,14 @@ threshold, and the ear adds ~600 ms of pre-roll, pause marks for speculative ASR
 utterance length limit and the barge-in confirmation ("confirmed": the utterance has had
 `barge_in_min_ms` of windows at `barge_in_min_probability` or more, counted from its first
 voiced window and started over after `CONFIRM_GAP_MS` of silence, so a cough, a short "mm"
-or scattered blips of residual echo never add up to it). Pure and synchronous; timestamps are added on the loop.
+or scattered blips of residual echo never add up to it). Pure and synchronous; timestamps
+are added on the loop.
+
+End of turn ("smart" turn detection): the detector's silence window becomes the persona's
+maximum silence, and after `turn_pause_ms` of quiet the ear emits one "check" mark per pause
+carrying the utterance so far; the hearing asks the end-of-turn model (off the loop) and
+hands the answer back through `Ear.verdict`, which ends the utterance at once when the model
+says "complete". Speech resuming re-arms the check, so a pause asks the model at most once.
 """
 from __future__ import annotations
 
@@ -39,20 +46,35 @@ Outcome = tuple[Any, BaseException | None]  # (value, error) of one job
 class VADSettings:
     threshold: float = 0.5
     threshold_low: float = 0.3
-    min_silence_ms: float = 600.0
+    min_silence_ms: float = 600.0  # "silence" turn detection: the fixed end-of-speech window
+    turn_detection: str = "silence"  # "smart": ask the end-of-turn model on pauses
+    turn_pause_ms: float = 200.0  # smart: quiet before the model is asked
+    turn_max_silence_ms: float = 1500.0  # smart: the turn ends after this much quiet regardless
     # What it takes for speech over a reply to interrupt it (persona settings).
     barge_in_min_ms: float = 180.0
     barge_in_min_probability: float = 0.8
+
+    @property
+    def smart(self) -> bool:
+        return self.turn_detection == "smart"
+
+    @property
+    def stop_after_ms(self) -> float:
+        """The detector's silence window: the hard limit in smart mode."""
+        return max(self.turn_max_silence_ms, self.turn_pause_ms) if self.smart else self.min_silence_ms
 
 
 @dataclass(frozen=True)
 class Mark:
     """Raw outcome from the worker thread; timestamps are added on the loop."""
 
-    kind: str  # "started" | "confirmed" | "paused" | "resumed" | "stopped"
+    kind: str  # "started" | "confirmed" | "paused" | "resumed" | "check" | "stopped"
     pcm: bytes = b""
     speech_ms: float = 0.0
     packets: list[bytes] = field(default_factory=list)  # "stopped": the Opus behind `pcm` (recording)
+    check: int = 0  # "check": the pause's number, handed back with the model's verdict
+    silence_ms: float = 0.0  # "stopped": audio after the last voiced window (the end-of-turn wait)
+    by_model: bool = False  # "stopped": the end-of-turn model ended it
 
 
 class Ear:
@@ -69,7 +91,7 @@ class Ear:
         self._window_ms = vad.window_ms
         self._decoder: OpusDecoder | None = None
         self.vad_stream = vad.stream()
-        self._detector = VADDetector(settings.threshold, settings.threshold_low, settings.min_silence_ms,
+        self._detector = VADDetector(settings.threshold, settings.threshold_low, settings.stop_after_ms,
                                      window_ms=vad.window_ms)
         self._buf = bytearray()
         self._buf_start_ms = 0.0  # stream position of _buf[0]
@@ -80,6 +102,9 @@ class Ear:
         self._strong_ms = 0.0  # confident speech since the last gap, in the candidate or utterance
         self._gap_ms = 0.0  # unvoiced audio in a row
         self._confirmed = False
+        self._checks = 0  # pauses the end-of-turn model was asked about (numbers the checks)
+        self._checked = False  # this pause has its check
+        self._fallback = False  # the model could not answer: this pause ends at min_silence_ms
 
     def reset(self) -> None:
         self._detector.reset()
@@ -89,7 +114,7 @@ class Ear:
         self._buf.clear()
         self._buf_start_ms = 0.0
         self._utt_start_ms = None
-        self._voiced = self._paused = self._confirmed = False
+        self._voiced = self._paused = self._checked = self._fallback = self._confirmed = False
         self._quiet_ms = self._strong_ms = self._gap_ms = 0.0
         if self.trail is not None:
             self.trail.clear()
@@ -114,6 +139,18 @@ class Ear:
                 marks.append(Mark("confirmed"))
         marks += self._pause_marks(probabilities)
         return marks + self._trim()
+
+    def verdict(self, check: int, complete: bool | None) -> list[Mark]:
+        """The end-of-turn model's answer to "check" mark `check` (None: it could not answer).
+        Stale answers (speech resumed, the utterance ended, a newer pause) change nothing."""
+        if check != self._checks or not self._checked or not self._in_utterance():
+            return []
+        if complete:
+            return [self._mark(self._detector.force_stop(), by_model=True)]
+        if complete is None:
+            self._fallback = True
+            return self._fallback_stop()
+        return []  # incomplete: wait for more speech or the maximum silence
 
     def take_all(self) -> tuple[bytes, list[bytes]]:
         """Everything buffered and its packets (manual mode's `listen stop`); the buffer
@@ -143,16 +180,29 @@ class Ear:
                 trail.entries.append((packet, len(pcm)))  # recording: the one extra step per packet
         return b"".join(parts), invalid
 
-    def _mark(self, event: VADEvent) -> Mark:
+    def _mark(self, event: VADEvent, *, by_model: bool = False) -> Mark:
         if event.kind == SPEECH_STARTED:
             self._utt_start_ms = max(self._buf_start_ms, event.speech_start_ms - PREROLL_MS)
-            self._quiet_ms, self._paused = 0.0, False
+            self._quiet_ms, self._paused, self._checked, self._fallback = 0.0, False, False, False
             return Mark("started")
         start = self._utt_start_ms if self._utt_start_ms is not None else self._buf_start_ms
         self._utt_start_ms = None
+        self._checked = self._fallback = False
         self._strong_ms, self._confirmed = 0.0, False
-        speech_ms = (event.speech_end_ms or event.at_ms) - event.speech_start_ms
-        return Mark("stopped", self._slice(start, event.at_ms), speech_ms, self._packets(start, event.at_ms))
+        last_voice = event.speech_end_ms if event.speech_end_ms is not None else event.at_ms
+        speech_ms = last_voice - event.speech_start_ms
+        # PCM and packets are cut with the same bounds (the turn's audio matches its PCM).
+        return Mark("stopped", self._slice(start, event.at_ms), speech_ms, self._packets(start, event.at_ms),
+                    silence_ms=max(0.0, event.at_ms - last_voice), by_model=by_model)
+
+    def _in_utterance(self) -> bool:
+        return self._detector.in_speech and self._utt_start_ms is not None
+
+    def _fallback_stop(self) -> list[Mark]:
+        """Without the model's answer a pause ends like in "silence" mode."""
+        if self._fallback and self._in_utterance() and self._quiet_ms >= self._settings.min_silence_ms:
+            return [self._mark(self._detector.force_stop())]
+        return []
 
     def _pause_marks(self, probabilities: list[float]) -> list[Mark]:
         """A pause long enough to guess the utterance ended, or speech resuming after one."""
@@ -163,15 +213,23 @@ class Ear:
             elif prob <= self._settings.threshold_low:
                 self._voiced = False
             self._quiet_ms = 0.0 if self._voiced else self._quiet_ms + self._window_ms
+            if self._voiced:
+                self._checked = self._fallback = False  # a new pause gets its own check
             if self._paused and self._voiced:
                 self._paused = False
                 marks.append(Mark("resumed"))
-        in_speech = self._detector.in_speech and self._utt_start_ms is not None
+        in_speech = self._in_utterance()
+        end = self._detector.position_ms
         if in_speech and not self._paused and self._quiet_ms >= SPECULATE_AFTER_MS:
             self._paused = True
-            end = self._detector.position_ms
             marks.append(Mark("paused", self._slice(self._utt_start_ms or 0.0, end)))
-        return marks
+        if in_speech and self._settings.smart and not self._checked and self._quiet_ms >= self._settings.turn_pause_ms:
+            self._checked = True
+            self._checks += 1
+            # The model reads the last 8 s only (features.py): no need to copy more.
+            start = max(self._utt_start_ms or 0.0, end - 8000.0)
+            marks.append(Mark("check", self._slice(start, end), check=self._checks))
+        return marks + self._fallback_stop()
 
     def _confirm(self, prob: float) -> bool:
         """True once per utterance, at the window that gives it enough confident speech to
@@ -384,6 +442,14 @@ class VADDetector:
             return None
         self.in_speech = True
         return VADEvent(SPEECH_STARTED, now, self._start_ms)
+
+    def force_stop(self) -> VADEvent:
+        """End the current utterance now (the end-of-turn model said it is complete)."""
+        start = self._start_ms if self._start_ms is not None else 0.0
+        self.in_speech = False
+        self._start_ms = None
+        self._recent.clear()  # the next utterance needs voice of its own to start
+        return VADEvent(SPEECH_STOPPED, self.position_ms, start, self._last_voiced_end_ms)
 
     def _stopped(self, now: float, have_voice: bool) -> VADEvent | None:
         if have_voice or now - self._last_have_voice_ms < self.min_silence_ms:

@@ -21,6 +21,7 @@ from typing import Any
 from conversations.capture import AttemptLog, TurnAudio
 from conversations.pipeline import fallback, phrases
 from conversations.pipeline.aio import TaskSet, cancel_and_wait
+from conversations.pipeline.config import SessionConfig
 from conversations.pipeline.contracts import EngineContext
 from conversations.pipeline.cpu_pool import CpuMill, shared_executor, speech_executor
 from conversations.pipeline.fallback import Chains
@@ -40,7 +41,7 @@ from conversations.pipeline.reply import ReplyHandle, Speculation, TurnRunner, n
 from conversations.pipeline.speak import Clock, LoopClock
 from conversations.pipeline.think import Thinker
 from conversations.providers import registry
-from conversations.providers.base import AEC
+from conversations.providers.base import AEC, TurnModel
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,21 @@ async def _speculative(coro: Coroutine[Any, Any, tuple[str, str]], attempts: Att
         _speculations -= 1
 
 
+def _turn_model(config: SessionConfig) -> TurnModel | None:
+    """The process's end-of-turn model, loading in the background; None (the persona's
+    pauses end on the silence window) when it cannot be had."""
+    kind = config.turn_model
+    try:
+        model = registry.shared("turn", kind, **config.providers.get(f"turn.{kind}", {}))
+    except Exception as exc:
+        log.warning("no end-of-turn model; using the silence window", extra={"error": str(exc)[:200]})
+        return None
+    warm = getattr(model, "warm", None)
+    if warm is not None:
+        warm()
+    return model
+
+
 class VoiceEngine:
     """The real engine (contracts.VoiceEngine). `on_*` return at once; work runs in tasks."""
 
@@ -90,12 +106,15 @@ class VoiceEngine:
             vad=registry.shared("vad", config.vad, **config.providers.get(f"vad.{config.vad}", {})),
             settings=VADSettings(
                 persona.vad_threshold, persona.vad_threshold_low, float(persona.vad_min_silence_ms),
+                turn_detection=persona.turn_detection, turn_pause_ms=float(persona.turn_pause_ms),
+                turn_max_silence_ms=float(persona.turn_max_silence_ms),
                 barge_in_min_ms=float(persona.barge_in_min_ms),
                 barge_in_min_probability=persona.barge_in_min_probability,
             ),
             # An injected clock reaches the hearing too; the loop's own is read directly.
             on_event=self._on_hearing, clock=None if isinstance(self._clock, LoopClock) else self._clock.now,
             keep_packets=config.recording == "on",
+            turn_model=_turn_model(config) if persona.turn_detection == "smart" else None,
             aec=self._echo_canceller(ctx),
         )
         self.on_audio = self._hearing.push  # the uplink's hot path: no hop through the engine

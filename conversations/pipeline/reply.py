@@ -158,6 +158,7 @@ class TurnRunner:
         record = TurnRecord(index=reply.index, timings={"speech_end": 0.0}, session_id=self._ctx.config.session_id)
         thought = Thought()
         origin = utterance.ended_at
+        record.timings.update(utterance.turn)  # how the end of the turn was decided
         if reply.audio is not None:
             reply.audio.uplink.packets = utterance.packets  # as heard, pre-roll included ("on" only)
         chains = await self._chains.get()

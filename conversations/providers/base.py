@@ -1,4 +1,5 @@
-"""Contracts for the pluggable pipeline stages: VAD, ASR, LLM, TTS, and echo cancellation.
+"""Contracts for the pluggable pipeline stages: VAD, end of turn, ASR, LLM, TTS, and echo
+cancellation.
 
 Providers are plain async Python: no ORM, no Django settings. They receive their
 configuration as keyword arguments from `registry.build` and fail with ProviderError, which
@@ -8,11 +9,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 
 class ProviderError(Exception):
     """A provider could not do its job (network, timeout, bad reply, missing model)."""
+
+
+class TurnVerdict(NamedTuple):
+    """An end-of-turn model's answer for one pause."""
+
+    complete: bool
+    probability: float
+    elapsed_ms: float  # the model's own time (features + inference), not the wait for a slot
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,18 @@ class AEC(Protocol):
 
     def stream(self) -> AECStream:
         """State for one more session."""
+
+
+@runtime_checkable
+class TurnModel(Protocol):
+    """End of turn: does the utterance heard so far sound finished? One per process
+    (`registry.shared`); `predict` runs the model off the event loop and may raise
+    ProviderError (then the pause is judged by the fixed silence window)."""
+
+    name: str
+
+    async def predict(self, pcm16k: bytes) -> TurnVerdict:
+        """The utterance so far (16 kHz s16 mono, ending now)."""
 
 
 @runtime_checkable

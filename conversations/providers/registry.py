@@ -17,6 +17,9 @@ REGISTRY: dict[str, dict[str, str]] = {
     "vad": {
         "silero": "conversations.providers.vad.silero.SileroVAD",
     },
+    "turn": {
+        "smart_turn": "conversations.providers.turn.smart_turn.SmartTurn",
+    },
     "aec": {
         "webrtc": "conversations.providers.aec.webrtc.WebRtcAEC",
     },

@@ -9,3 +9,6 @@ class PersonaFactory(factory.django.DjangoModelFactory):
         model = "conversations.Persona"
 
     name = factory.Sequence(lambda n: f"Persona {n}")
+    # The fixed silence window, so a test's timing does not hang on the end-of-turn model's
+    # opinion of espeak; tests of smart turn detection say so.
+    turn_detection = "silence"

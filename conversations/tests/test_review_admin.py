@@ -114,6 +114,26 @@ def test_interrupted_turns_are_marked(admin_client: Client, conversation: Conver
     assert "Interrupted" not in page[page.index('id="turn-0"'):page.index('id="turn-1"')]
 
 
+def test_how_the_turn_ended_is_one_line_beside_the_waterfall(admin_client: Client) -> None:
+    device = Conversation.objects.create(session_id="eot-1", source=Conversation.SOURCE_DEVICE)
+    Turn.objects.create(conversation=device, index=0, user_text="what time is it", timings={
+        "speech_end": 0.0, "asr_done": 120.0, "turn_silence_ms": 262.4, "turn_checks": 1.0, "turn_complete": 1.0,
+        "turn_probability": 0.9712, "turn_model_ms": 83.6})
+    Turn.objects.create(conversation=device, index=1, user_text="I want to order a pizza", timings={
+        "speech_end": 0.0, "turn_silence_ms": 1530.0, "turn_checks": 2.0, "turn_complete": 0.0,
+        "turn_probability": 0.04, "turn_model_ms": 80.0})
+    Turn.objects.create(conversation=device, index=2, user_text="hello", timings={
+        "speech_end": 0.0, "turn_silence_ms": 640.0, "turn_probability": "hostile", "turn_complete": True})
+    page = admin_client.get(page_of(device)).content.decode()
+    first = page[page.index('id="turn-0"'):page.index('id="turn-1"')]
+    second = page[page.index('id="turn-1"'):page.index('id="turn-2"')]
+    third = page[page.index('id="turn-2"'):]
+    assert "Ended by the end-of-turn model (probability 0.97, 84 ms) after 262 ms of silence" in first
+    assert "Ended by the silence limit after 1530 ms" in second and "2 checks" in second
+    assert "Ended after 640 ms of silence" in third  # no model numbers: said plainly, nothing invented
+    assert "turn_" not in page  # never a raw key, and never a bar in the waterfall
+
+
 def test_gateway_turns_show_their_own_timing_labels(admin_client: Client) -> None:
     gateway = Conversation.objects.create(session_id="gw-1", source=Conversation.SOURCE_GATEWAY)
     Turn.objects.create(conversation=gateway, index=0, user_text="hello", reply_text="hi there",

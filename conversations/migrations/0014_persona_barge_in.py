@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0012_remove_persona_kind_lists'),
+        ('conversations', '0013_persona_turn_detection'),
     ]
 
     operations = [
