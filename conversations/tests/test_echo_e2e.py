@@ -80,7 +80,10 @@ def _create_device(persona: dict[str, Any]) -> str:
 
 async def open_aec_device(server: AsgiServer, echo: EchoPath | None = None) -> SimulatedDevice:
     persona = {"language": "en", "asr_providers": ["faster_whisper"], "llm_providers": ["openai"],
-               "tts_providers": ["espeak"], "vad_min_silence_ms": 500, "greeting": "", "exit_phrases": []}
+               "tts_providers": ["espeak"], "vad_min_silence_ms": 500, "greeting": "", "exit_phrases": [],
+               # A fixed silence window: "Stop," alone is a complete sentence to the end-of-turn
+               # model, which would end the turn at the comma; these tests are about barge-in.
+               "turn_detection": "silence"}
     mac = await database_sync_to_async(_create_device)(persona)
     device = SimulatedDevice(server.http_url, mac=mac, listen_mode="realtime", language="en-US",
                              features={"mcp": True, "aec": True}, echo=echo or EchoPath())
