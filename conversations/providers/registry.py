@@ -20,6 +20,9 @@ REGISTRY: dict[str, dict[str, str]] = {
     "turn": {
         "smart_turn": "conversations.providers.turn.smart_turn.SmartTurn",
     },
+    "aec": {
+        "webrtc": "conversations.providers.aec.webrtc.WebRtcAEC",
+    },
     "asr": {
         "faster_whisper": "conversations.providers.asr.faster_whisper.FasterWhisperASR",
         "openai": "conversations.providers.asr.openai_compat.OpenAIASR",

@@ -46,6 +46,7 @@ def persona_form(persona: Persona | None, chains: dict[str, list[tuple[int | Non
         "language": "en", "voice": "", "llm_model": "", "temperature": "0.7", "max_tokens": "512",
         "context_turns": "10", "vad_threshold": "0.5", "vad_threshold_low": "0.3", "vad_min_silence_ms": "600",
         "turn_detection": "smart", "turn_pause_ms": "200", "turn_max_silence_ms": "1500",
+        "barge_in_min_ms": "180", "barge_in_min_probability": "0.8",
         "greeting": "", "farewell": "Goodbye!", "exit_phrases": "", "device_tool_exclusions": "",
         "device_tools_enabled": "on", "record_audio": "on",
     }
