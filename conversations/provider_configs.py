@@ -142,7 +142,7 @@ def persona_chain_specs(
              .select_related("config").order_by("position", "pk"))
     for link in links:
         chains[link.config.stage].append(provider_spec(link.config, env_options))
-    return {stage: tuple(entries) or tuple(DEFAULT_CHAINS[stage]) for stage, entries in chains.items()}
+    return {stage: tuple(entries) or tuple(DEFAULT_CHAINS.get(stage, ())) for stage, entries in chains.items()}
 
 
 def persona_first_kinds(persona_ids: Iterable[int] | None = None) -> dict[int, dict[str, str]]:

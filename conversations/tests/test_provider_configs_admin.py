@@ -21,7 +21,8 @@ from testing.fake_openai import FakeOpenAI, Reply
 pytestmark = pytest.mark.django_db
 
 SECRET = "sk-live-abcdef0123456789SECRET"
-PREFIXES = {"asr": "provider_links", "llm": "provider_links-2", "tts": "provider_links-3"}
+PREFIXES = {"asr": "provider_links", "llm": "provider_links-2", "tts": "provider_links-3",
+            "vision": "provider_links-4"}
 
 
 @pytest.fixture
