@@ -32,7 +32,9 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import aiohttp
 from common import (
@@ -47,6 +49,7 @@ OTA_P50_TARGET_MS = 10.0
 OTA_P99_TARGET_MS = 1000.0
 OTA_PATH = "/xiaozhi/ota/"
 FIRST_CONCURRENCY = 100
+T = TypeVar("T")
 
 
 @dataclass
@@ -177,9 +180,9 @@ async def run(bench: BenchServer, members: list[Member], window: float, calm_cou
     url = bench.http_url + OTA_PATH
     phases = [Phase("first check-in (writes)"), Phase("calm: one device at a time"), Phase("storm")]
 
-    async def measured(phase: Phase, work: object) -> object:
+    async def measured(phase: Phase, work: Awaitable[T]) -> T:
         cpu, client, started = bench.cpu_seconds(), own_cpu_seconds(), time.perf_counter()
-        result = await work  # type: ignore[misc]
+        result = await work
         phase.seconds = time.perf_counter() - started
         phase.server_cpu, phase.client_cpu = bench.cpu_seconds() - cpu, own_cpu_seconds() - client
         return result
@@ -190,7 +193,7 @@ async def run(bench: BenchServer, members: list[Member], window: float, calm_cou
     print(f"  calm: OTA p50 {fmt(median(phases[1].ota_ms), 2)} ms", flush=True)
     devices = await measured(phases[2], storm(url, bench.ws_url, members, window, phases[2]))
     print(f"  storm: {len(phases[2].ota_ms)} OTA answers, {phases[2].error_count} errors", flush=True)
-    await asyncio.gather(*(d.close() for d in devices))  # type: ignore[union-attr]
+    await asyncio.gather(*(d.close() for d in devices))
     return phases
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import json
 import random
 import sqlite3
@@ -29,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from common import (
-    FAKE_PERSONA, BenchServer, core_share, cpu_seconds, fmt, header, md_table, median, own_cpu_seconds,
+    FAKE_PERSONA, BenchServer, core_share, fmt, header, md_table, median, own_cpu_seconds,
     percentile, verdict,
 )
 from loadgen import LightDevice, Utterance, mac_for, talk
@@ -134,11 +135,11 @@ async def wait_stored(bench: BenchServer, since_id: int, expected: int, timeout:
 async def run_phase(bench: BenchServer, phase: Phase, utterance: Utterance, args: argparse.Namespace,
                     first_mac: int) -> None:
     since = bench.last_turn_id()
-    server_cpu, client_cpu = cpu_seconds(bench.pid), own_cpu_seconds()
+    server_cpu, client_cpu = bench.cpu_seconds(), own_cpu_seconds()
     turns = args.turns if phase.devices == 1 else 10**6
     duration = 10**6 if phase.devices == 1 else args.duration
     await run_devices(bench.ws_url, phase, utterance, turns=turns, duration=duration, first_mac=first_mac)
-    phase.server_cpu = cpu_seconds(bench.pid) - server_cpu
+    phase.server_cpu = bench.cpu_seconds() - server_cpu
     phase.client_cpu = own_cpu_seconds() - client_cpu
     await wait_stored(bench, since, len(phase.turns))
     stored = stored_turns(bench, since)
@@ -211,12 +212,15 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20, help="turns of the single device")
     parser.add_argument("--turn", choices=("silence", "smart"), default="silence",
                         help="the persona's turn detection (smart: Smart Turn v3.2 runs once per pause)")
+    parser.add_argument("--workers", type=int, default=1, help="web workers sharing the port (needs --redis if > 1)")
+    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", ""),
+                        help="Redis linking the workers (its database is flushed per server start)")
     args = parser.parse_args()
     persona = {**FAKE_PERSONA, "language": "en", "vad_min_silence_ms": SILENCE_MS, "greeting": "",
                "turn_detection": args.turn}
     env = {"XIAOZHI_MAX_DEVICE_CONNECTIONS": str(args.devices + 100), "XIAOZHI_IDLE_TIMEOUT_SECONDS": "3600",
            "XIAOZHI_HARD_TIMEOUT_SECONDS": "3600"}
-    with BenchServer(persona=persona, env=env, prefix="p1-") as bench:
+    with BenchServer(persona=persona, env=env, prefix="p1-", workers=args.workers, redis_url=args.redis) as bench:
         phases = asyncio.run(run(bench, args))
     report(phases)
 

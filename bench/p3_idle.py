@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import resource
 import time
 from dataclasses import dataclass, field
 
-from common import BenchServer, cpu_seconds, fmt, header, md_table, median, percentile, rss_bytes, verdict
+from common import BenchServer, fmt, header, md_table, median, percentile, rss_bytes, verdict
 from loadgen import LightDevice, mac_for
 
 RSS_TARGET = 1024**3  # 1 GB (GiB)
@@ -140,9 +141,9 @@ async def run(bench: BenchServer, args: argparse.Namespace) -> Result:
     result.connected = len(devices)
     await settle(devices)
     result.rss_idle = rss_bytes(bench.pid)
-    cpu, started = cpu_seconds(bench.pid), time.perf_counter()
+    cpu, started = bench.cpu_seconds(), time.perf_counter()
     await asyncio.sleep(args.hold)
-    result.idle_cpu = (cpu_seconds(bench.pid) - cpu) / (time.perf_counter() - started)
+    result.idle_cpu = (bench.cpu_seconds() - cpu) / (time.perf_counter() - started)
     await asyncio.gather(fresh_probes(bench.ws_url, result, args.probes),
                          repeat_probes(devices, result, args.probes * 3))
     result.dropped_during_hold = sum(d.closed.is_set() for d in devices)
@@ -200,13 +201,16 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=10.0, help="seconds of idling before the probes")
     parser.add_argument("--probes", type=int, default=150,
                         help="fresh devices probing one after another (and 3x as many repeated hellos)")
+    parser.add_argument("--workers", type=int, default=1, help="web workers sharing the port (needs --redis if > 1)")
+    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", ""),
+                        help="Redis linking the workers (its database is flushed per server start)")
     args = parser.parse_args()
     raise_fd_limit(args.devices * 2 + 1000)
     env = {
         "XIAOZHI_MAX_DEVICE_CONNECTIONS": str(args.devices + 100),
         "XIAOZHI_IDLE_TIMEOUT_SECONDS": "3600", "XIAOZHI_HARD_TIMEOUT_SECONDS": "3600",
     }
-    with BenchServer(env=env, prefix="p3-") as bench:
+    with BenchServer(env=env, prefix="p3-", workers=args.workers, redis_url=args.redis) as bench:
         result = asyncio.run(run(bench, args))
     report(result)
 

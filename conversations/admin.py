@@ -125,6 +125,14 @@ class PersonaAdmin(admin.ModelAdmin):
             "turn_detection", "turn_pause_ms", "turn_max_silence_ms",
             "vad_threshold", "vad_threshold_low", "vad_min_silence_ms",
         )}),
+        (_("Interrupting a reply (barge-in)"), {
+            "fields": ("barge_in_min_ms", "barge_in_min_probability"),
+            "description": _(
+                "Devices in realtime mode keep listening while they speak, so the user can interrupt the "
+                "reply by talking. For devices that ask the server to cancel their echo, only the user's "
+                "voice counts: the device's own voice never interrupts and never starts a turn."
+            ),
+        }),
         (_("Tools"), {"fields": ("server_tools", "mcp_servers", "device_tools_enabled", "device_tool_exclusions")}),
         (_("Conversation review"), {"fields": ("record_audio",)}),
         (_("Record"), {"classes": ("collapse",), "fields": ("created_at", "updated_at")}),

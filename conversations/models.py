@@ -211,6 +211,19 @@ class Persona(models.Model):
         _("maximum silence (ms)"), default=1500, validators=[MinValueValidator(200), MaxValueValidator(10000)],
         help_text=_("Smart turn detection: a turn ends after this much quiet, whatever the model says."),
     )
+    barge_in_min_ms = models.PositiveIntegerField(
+        _("speech needed to interrupt (ms)"), default=180,
+        validators=[MinValueValidator(60), MaxValueValidator(2000)],
+        help_text=_(
+            "How much confident speech the user must say over a reply before it stops (devices that "
+            "keep listening while speaking). Shorter sounds, such as a cough or a short “mm”, are ignored."
+        ),
+    )
+    barge_in_min_probability = models.FloatField(
+        _("speech certainty to interrupt"), default=0.8,
+        validators=[MinValueValidator(0.3), MaxValueValidator(0.99)],
+        help_text=_("Voice activity probability (0-1) a moment of sound needs to count towards an interruption."),
+    )
 
     greeting = models.CharField(
         _("greeting"), max_length=300, blank=True, help_text=_("Spoken when the wake word is detected.")

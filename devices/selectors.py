@@ -98,7 +98,7 @@ def _active_releases(board_type: str) -> list[FirmwareRelease]:
     cached = _releases.get(board_type)
     if cached is not None and cached[0] > now:
         return cached[1]
-    releases = list(
+    releases: list[FirmwareRelease] = list(
         FirmwareRelease.objects.filter(board_type=board_type, is_active=True)
         .annotate(allowlist_size=Count("allowlist"))
     )

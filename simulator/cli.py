@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.device import SimulatedDevice
+from simulator.echo import EchoPath, parse_taps
 from simulator.events import DeviceError, DeviceTimeout, Event
 from simulator.mcp_server import DeviceMcpServer
 from simulator.speaker import DownlinkFrame
@@ -56,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--say", help="text spoken by espeak-ng and sent as speech")
     source.add_argument("--detect", help="send a wake-word `listen detect` with this text instead of speech")
     parser.add_argument("--voice", default="en", help="espeak-ng voice for --say")
-    parser.add_argument("--mode", choices=("auto", "manual", "realtime"), default="auto")
+    parser.add_argument("--mode", choices=("auto", "manual", "realtime"), default=None,
+                        help="listen mode (default: auto, or realtime with --aec)")
     parser.add_argument("--protocol-version", type=int, choices=(1, 2, 3), default=None,
                         help="binary framing (default: what the OTA reply says)")
     parser.add_argument("--extra-tools", type=int, default=0, help="extra MCP tools (multi-page tools/list)")
@@ -67,6 +69,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-activation", action="store_true",
                         help="connect even while unbound (a real device would keep polling /activate)")
     parser.add_argument("--verbose", action="store_true", help="print every audio frame and full lines")
+    echo = parser.add_argument_group("server-side echo cancellation")
+    echo.add_argument("--aec", action="store_true",
+                      help="announce features.aec (a CONFIG_USE_SERVER_AEC build): binary protocol v2 "
+                           "unless --protocol-version says otherwise, realtime mode unless --mode does")
+    echo.add_argument("--echo", action="store_true",
+                      help="play the downlink back into the microphone through the room below")
+    echo.add_argument("--echo-delay-ms", type=float, default=60.0,
+                      help="speaker-to-microphone delay of the direct path (default 60)")
+    echo.add_argument("--echo-gain", type=float, default=0.5, help="level of the direct path (default 0.5)")
+    echo.add_argument("--echo-taps", default="0:1,7:0.45,19:0.25,37:0.12",
+                      help="room response as 'extra ms:relative gain' pairs (default: four decaying taps)")
 
 
 class EventPrinter:
@@ -149,11 +162,29 @@ def build_device(options: argparse.Namespace, log: Output) -> SimulatedDevice:
     mcp = DeviceMcpServer.default(board_name=options.board, firmware_version=options.firmware_version)
     if options.extra_tools:
         mcp.with_extra_tools(options.extra_tools)
+    aec = bool(getattr(options, "aec", False))
+    options.mode = getattr(options, "mode", None) or ("realtime" if aec else "auto")
+    if aec and not getattr(options, "protocol_version", None):
+        options.protocol_version = 2  # only v2 frames carry the timestamps AEC needs
     return SimulatedDevice(
         options.server, mac=options.mac or _random_mac(), client_id=options.client_id or None,
         board=options.board, firmware_version=options.firmware_version,
         listen_mode=options.mode, mcp=mcp, log=log,
+        features={"mcp": True, **({"aec": True} if aec else {})}, echo=_echo_path(options),
     )
+
+
+def _echo_path(options: argparse.Namespace) -> EchoPath | None:
+    if not getattr(options, "echo", False):
+        return None
+    try:
+        taps = parse_taps(getattr(options, "echo_taps", "0:1"))
+    except ValueError as exc:
+        raise CliError(f"--echo-taps: {exc}", EXIT_INPUT) from exc
+    delay, gain = float(getattr(options, "echo_delay_ms", 60.0)), float(getattr(options, "echo_gain", 0.5))
+    if not 0 <= delay <= 2000 or not 0 <= gain <= 4:
+        raise CliError("--echo-delay-ms must be 0-2000 and --echo-gain 0-4", EXIT_INPUT)
+    return EchoPath(delay_ms=delay, gain=gain, taps=taps)
 
 
 def _random_mac() -> str:
@@ -226,7 +257,10 @@ async def simulate(options: argparse.Namespace, out: Output) -> CliResult:
     except CliError as exc:
         return CliResult(exc.code, str(exc))
     printer = EventPrinter(out, time.monotonic(), options.verbose)
-    device = build_device(options, log=printer.note)
+    try:
+        device = build_device(options, log=printer.note)
+    except CliError as exc:
+        return CliResult(exc.code, str(exc))
     device.add_listener(printer)
     try:
         await setup_device(device, options, printer.note)

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
@@ -35,7 +36,15 @@ from devices.protocol.codec import decode_json
 from devices.protocol.errors import ProtocolError
 from devices.protocol.opus import OpusEncoder
 from simulator import ota, transport
-from simulator.events import DeviceError, DeviceTimeout, Event, EventLog, Match, predicate
+from simulator.echo import EchoPath
+from simulator.events import (
+    DeviceError,
+    DeviceTimeout,
+    Event,
+    EventLog,
+    Match,
+    predicate,
+)
 from simulator.mcp_server import DeviceMcpServer
 from simulator.speaker import DownlinkFrame, Speaker
 
@@ -46,6 +55,7 @@ MAX_SEND_BYTES = 65535  # esp-ml307 WebSocket::Send fails above this
 OPUS_AUTO_BITRATE = -1000  # the firmware leaves the uplink bitrate on auto
 REBOOT_DELAY_S = 1.0  # self.reboot schedules the reboot 1 s after replying
 LISTEN_MODES = ("auto", "manual", "realtime")
+ONSET_LEVEL = 328  # -40 dBFS: where a queued utterance's speech is taken to begin
 
 __all__ = ["DeviceError", "DeviceTimeout", "DownlinkFrame", "Event", "SimulatedDevice"]
 
@@ -60,6 +70,7 @@ class SimulatedDevice:
         serial_number: str | None = None, hmac_key: bytes | None = None,
         log: Callable[[str], None] | None = None, language: str = "zh-CN",
         features: dict[str, Any] | None = None, auto_relisten: bool = True,
+        echo: EchoPath | None = None,
     ) -> None:
         if listen_mode not in LISTEN_MODES:
             raise ValueError(f"listen_mode must be one of {LISTEN_MODES}, not {listen_mode!r}")
@@ -69,6 +80,9 @@ class SimulatedDevice:
         self.listen_mode = listen_mode
         self.features = features if features is not None else {"mcp": True}
         self.auto_relisten = auto_relisten
+        # The room: downlink audio comes back into the microphone (a `features.aec` board
+        # does not cancel it itself). None: a perfectly quiet speaker, as before.
+        self.echo = echo
         self._log = log or (lambda _line: None)
         self._events = EventLog()
         self._events.set_logger(self._log)
@@ -106,7 +120,12 @@ class SimulatedDevice:
         self.current_mode = self.listen_mode
         self.session_id = ""  # the firmware sends "session_id":"" until the server hello
         self.server_hello: dict[str, Any] | None = None
-        self.speaker = Speaker(self._get_executor)
+        self.speaker = Speaker(self._get_executor, self.echo)
+        self._microphone: asyncio.Task[None] | None = None
+        self._mic_speech = bytearray()
+        self._mic_taken = 0
+        self.mic_lag: list[float] = []  # how late each microphone frame was taken (s)
+        self._mic_onsets: list[tuple[int, asyncio.Future[float]]] = []
         self.turn_mark = len(self.events)
         self._last_tts_stop = -1
         self.tts_count = self.suppressed_uplink_frames = 0
@@ -294,11 +313,67 @@ class SimulatedDevice:
             if not self._mic_on:
                 self.suppressed_uplink_frames += 1
                 continue
-            packet = await loop.run_in_executor(self._get_executor(), self._get_encoder().encode, frame)
+            packet = await loop.run_in_executor(self._get_executor(), self._capture, frame, time.monotonic())
             if not await self._send_uplink(packet):
                 break
             sent += 1
         return sent
+
+    # -- an always-on microphone (realtime mode: the user talks over the reply) ---------------------
+
+    def start_microphone(self) -> None:
+        """Stream the mic continuously, 60 ms frames on an absolute clock, like a realtime-mode
+        device: silence (plus the room's echo) unless `say_into_microphone` queued speech."""
+        self._require_connection()
+        if self._microphone is None or self._microphone.done():
+            self._mic_speech, self._mic_taken = bytearray(), 0
+            self._microphone = self._spawn(self._run_microphone())
+
+    def say_into_microphone(self, pcm16k: bytes) -> asyncio.Future[float]:
+        """Queue the user's speech into the running microphone. The future resolves to the
+        speech onset (`time.monotonic()` of the first sample above -40 dBFS as captured)."""
+        onset: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        samples = np.frombuffer(pcm16k, "<i2")
+        loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > ONSET_LEVEL)
+        position = self._mic_taken + len(self._mic_speech) // 2 + (int(loud[0]) if loud.size else 0)
+        self._mic_onsets.append((position, onset))
+        self._mic_speech += pcm16k
+        return onset
+
+    async def stop_microphone(self) -> None:
+        if self._microphone is not None:
+            self._microphone.cancel()
+            await asyncio.gather(self._microphone, return_exceptions=True)
+            self._microphone = None
+
+    async def _run_microphone(self) -> None:
+        # Capture times come from the schedule (frame n covers start + (n-1)·60 ms .. + 60 ms),
+        # not from when this task got to run: if the simulator falls behind on a busy machine,
+        # its lateness counts against the server (onsets stay where the user spoke).
+        loop = asyncio.get_running_loop()
+        start, index, size = time.monotonic(), 0, UPLINK_RATE * FRAME_MS // 1000 * 2
+        while self._connected:
+            index += 1
+            captured_to = start + index * FRAME_MS / 1000
+            await asyncio.sleep(max(0.0, captured_to - time.monotonic()))
+            self.mic_lag.append(time.monotonic() - captured_to)
+            frame = bytes(self._mic_speech[:size])
+            del self._mic_speech[:size]
+            self._resolve_onsets(self._mic_taken, len(frame) // 2, captured_to - FRAME_MS / 1000)
+            self._mic_taken += len(frame) // 2  # samples of queued speech captured so far
+            if not self._mic_on:
+                self.suppressed_uplink_frames += 1
+                continue
+            frame += bytes(size - len(frame))
+            packet = await loop.run_in_executor(self._get_executor(), self._capture, frame, captured_to)
+            if not await self._send_uplink(packet, captured_to):
+                return
+
+    def _resolve_onsets(self, taken: int, count: int, captured_from: float) -> None:
+        while self._mic_onsets and self._mic_onsets[0][0] < taken + count:
+            position, onset = self._mic_onsets.pop(0)
+            if not onset.done():
+                onset.set_result(captured_from + (position - taken) / UPLINK_RATE)
 
     async def run_turn(self, pcm16k: bytes, *, timeout: float = 30.0) -> Event:
         """One user turn in the current mode; returns the answer's `tts stop` event.
@@ -325,10 +400,17 @@ class SimulatedDevice:
         while self._connected:
             await self.send_silence(300)
 
-    async def _send_uplink(self, packet: bytes) -> bool:
-        aec = self.speaker.aec_timestamps
+    def _capture(self, frame: bytes, now: float) -> bytes:
+        """The 60 ms the mic captured until `now` (plus the room's echo), Opus-encoded."""
+        if self.echo is not None:
+            frame = self.echo.mix(now - FRAME_MS / 1000, frame)
+        return self._get_encoder().encode(frame)
+
+    async def _send_uplink(self, packet: bytes, captured_to: float | None = None) -> bool:
+        # Stamped as the firmware does it: the oldest played frame's v2 timestamp (server AEC).
+        stamp = self.speaker.stamps.for_uplink(time.monotonic() if captured_to is None else captured_to)
         try:
-            await self._send_binary(encode_audio(packet, self.ws_version, aec.popleft() if aec else 0))
+            await self._send_binary(encode_audio(packet, self.ws_version, stamp))
         except DeviceError:
             return False
         self.uplink_times.append(time.monotonic())

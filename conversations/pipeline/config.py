@@ -62,6 +62,8 @@ class PersonaConfig:
     turn_detection: str = "silence"
     turn_pause_ms: int = 200
     turn_max_silence_ms: int = 1500
+    barge_in_min_ms: int = 180  # speech over a reply needed to interrupt it (realtime mode)
+    barge_in_min_probability: float = 0.8  # VAD probability a window needs to count for it
     greeting: str = ""
     exit_phrases: tuple[str, ...] = ()
     farewell: str = "Goodbye!"
@@ -81,6 +83,7 @@ class SessionConfig:
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     vad: str = "silero"  # the VAD provider kind (one per process, shared by every session)
     turn_model: str = "smart_turn"  # the end-of-turn model kind, for "smart" personas (one per process)
+    aec: str = "webrtc"  # server-side echo canceller for `features.aec` devices ("": none)
     llm_model: str = ""
     downlink_sample_rate: int = 24000
     hello_timeout: float = 10.0

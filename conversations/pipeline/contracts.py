@@ -79,6 +79,9 @@ class EngineContext:
     voice_activity: Callable[[], None]  # resets the no-voice idle timer
     request_close: Callable[[str], None]  # exit phrase / end_conversation: close (1000)
     tool_state: SessionToolState | None = None  # what built-in tools wrote (end_requested…)
+    # The device asked for server-side echo cancellation (`features.aec`, protocol v2): the
+    # session reports each sent frame (`on_audio_sent`) and uplink packets carry timestamps.
+    server_aec: bool = False
 
 
 class VoiceEngine(Protocol):
@@ -90,7 +93,9 @@ class VoiceEngine(Protocol):
 
     def on_listen_detect(self, text: str) -> None: ...
 
-    def on_audio(self, opus: bytes) -> None: ...
+    def on_audio(self, opus: bytes, timestamp: int) -> None: ...  # timestamp: v2 uplink stamp (0: none)
+
+    def on_audio_sent(self, opus: bytes, timestamp: int) -> None: ...  # server AEC's reference
 
     async def interrupt(self, reason: str | None) -> None: ...  # returns once the reply has ended
 
@@ -129,8 +134,11 @@ class NullEngine:
         self.events.append(("abort", reason))
         await self.ctx.replies.reply_ended(interrupted=True)
 
-    def on_audio(self, opus: bytes) -> None:
+    def on_audio(self, opus: bytes, timestamp: int = 0) -> None:
         self.audio_frames += 1
+
+    def on_audio_sent(self, opus: bytes, timestamp: int) -> None:
+        self.events.append(("audio_sent", timestamp))
 
     async def say(self, text: str, *, record: bool = False) -> None:
         self.events.append(("say", text))

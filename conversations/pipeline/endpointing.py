@@ -1,12 +1,18 @@
 """Endpointing: from Opus packets to speech marks, per session, in the shared CPU pool.
 
 `HearingBatch.run_batch` is the hearing's pool job (listen.py submits it through
-`CpuMill.run_batched`): it decodes each session's packets (Opus → 16 kHz PCM), asks the VAD
+`CpuMill.run_batched`): it decodes each session's packets (Opus → 16 kHz PCM), cancels the
+device's echo where the session has a canceller (echo.py: devices with `features.aec`, so
+everything after this sees the residual), asks the VAD
 provider for all of their window probabilities in one call (the windows of many sessions
 share model runs), then endpoints each session (`Ear.endpoint`): `VADDetector` turns
 probabilities into speech started/stopped with a 3-of-5 voiced-window rule and a dual
-threshold, and the ear adds ~600 ms of pre-roll, pause marks for speculative ASR and the
-utterance length limit. Pure and synchronous; timestamps are added on the loop.
+threshold, and the ear adds ~600 ms of pre-roll, pause marks for speculative ASR, the
+utterance length limit and the barge-in confirmation ("confirmed": the utterance has had
+`barge_in_min_ms` of windows at `barge_in_min_probability` or more, counted from its first
+voiced window and started over after `CONFIRM_GAP_MS` of silence, so a cough, a short "mm"
+or scattered blips of residual echo never add up to it). Pure and synchronous; timestamps
+are added on the loop.
 
 End of turn ("smart" turn detection): the detector's silence window becomes the persona's
 maximum silence, and after `turn_pause_ms` of quiet the ear emits one "check" mark per pause
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conversations.capture import PacketTrail
+from conversations.pipeline.echo import EchoCanceller
 from conversations.providers.base import VAD
 from devices.protocol.opus import AudioError, OpusDecoder
 
@@ -30,6 +37,7 @@ PREROLL_MS = 600
 KEEP_IDLE_MS = PREROLL_MS + 400  # pre-roll plus the windows VAD needs before it fires
 MAX_UTTERANCE_MS = 30_000
 MAX_MANUAL_MS = 60_000
+CONFIRM_GAP_MS = 96  # this much unvoiced audio (3 Silero windows) restarts the barge-in count
 SPECULATE_AFTER_MS = 120  # Whisper needs ~0.3-0.5 s: start it well inside the silence window
 Outcome = tuple[Any, BaseException | None]  # (value, error) of one job
 
@@ -42,6 +50,9 @@ class VADSettings:
     turn_detection: str = "silence"  # "smart": ask the end-of-turn model on pauses
     turn_pause_ms: float = 200.0  # smart: quiet before the model is asked
     turn_max_silence_ms: float = 1500.0  # smart: the turn ends after this much quiet regardless
+    # What it takes for speech over a reply to interrupt it (persona settings).
+    barge_in_min_ms: float = 180.0
+    barge_in_min_probability: float = 0.8
 
     @property
     def smart(self) -> bool:
@@ -57,7 +68,7 @@ class VADSettings:
 class Mark:
     """Raw outcome from the worker thread; timestamps are added on the loop."""
 
-    kind: str  # "started" | "paused" | "resumed" | "check" | "stopped"
+    kind: str  # "started" | "confirmed" | "paused" | "resumed" | "check" | "stopped"
     pcm: bytes = b""
     speech_ms: float = 0.0
     packets: list[bytes] = field(default_factory=list)  # "stopped": the Opus behind `pcm` (recording)
@@ -70,8 +81,11 @@ class Ear:
     """Decoder, VAD state, endpointing and PCM buffer of one session. Used in pool threads,
     by one job at a time (its session awaits each job)."""
 
-    def __init__(self, settings: VADSettings, vad: VAD, *, keep_packets: bool = False) -> None:
+    def __init__(
+        self, settings: VADSettings, vad: VAD, *, keep_packets: bool = False, echo: EchoCanceller | None = None,
+    ) -> None:
         self._settings = settings
+        self.echo = echo  # server AEC: kept across resets, its filter has learnt the room
         # The utterance's Opus packets as heard, for turn audio (None: not recorded).
         self.trail: PacketTrail | None = PacketTrail() if keep_packets else None
         self._window_ms = vad.window_ms
@@ -85,6 +99,9 @@ class Ear:
         self._voiced = False
         self._quiet_ms = 0.0  # trailing unvoiced audio inside an utterance
         self._paused = False
+        self._strong_ms = 0.0  # confident speech since the last gap, in the candidate or utterance
+        self._gap_ms = 0.0  # unvoiced audio in a row
+        self._confirmed = False
         self._checks = 0  # pauses the end-of-turn model was asked about (numbers the checks)
         self._checked = False  # this pause has its check
         self._fallback = False  # the model could not answer: this pause ends at min_silence_ms
@@ -97,16 +114,17 @@ class Ear:
         self._buf.clear()
         self._buf_start_ms = 0.0
         self._utt_start_ms = None
-        self._voiced = self._paused = self._checked = self._fallback = False
-        self._quiet_ms = 0.0
+        self._voiced = self._paused = self._checked = self._fallback = self._confirmed = False
+        self._quiet_ms = self._strong_ms = self._gap_ms = 0.0
         if self.trail is not None:
             self.trail.clear()
 
-    def hear(self, packets: list[bytes], endpointing: bool) -> tuple[bytes, int]:
-        """Decode and buffer a batch; return its PCM and the count of packets that would not
-        decode (manual mode buffers up to MAX_MANUAL_MS)."""
+    def hear(self, packets: list[bytes], endpointing: bool, stamps: list[int] | None = None) -> tuple[bytes, int]:
+        """Decode (and cancel the echo of) a batch and buffer it; return its PCM and the count
+        of packets that would not decode (manual mode buffers up to MAX_MANUAL_MS).
+        `stamps`: the packets' v2 timestamps (what the device was playing)."""
         keep = endpointing or len(self._buf) < MAX_MANUAL_MS * BYTES_PER_MS
-        pcm, invalid = self._decode(packets, self.trail if keep else None)
+        pcm, invalid = self._decode(packets, self.trail if keep else None, stamps)
         if keep:
             self._buf += pcm
         return pcm, invalid
@@ -114,8 +132,11 @@ class Ear:
     def endpoint(self, probabilities: list[float]) -> list[Mark]:
         """Endpointing over the batch's window probabilities."""
         marks: list[Mark] = []
-        for event in self._detector.feed(probabilities):
-            marks.append(self._mark(event))
+        for prob in probabilities:  # window by window: the barge-in count follows the detector
+            for event in self._detector.feed([prob]):
+                marks.append(self._mark(event))
+            if self._confirm(prob):
+                marks.append(Mark("confirmed"))
         marks += self._pause_marks(probabilities)
         return marks + self._trim()
 
@@ -139,17 +160,21 @@ class Ear:
         self.reset()
         return pcm, packets
 
-    def _decode(self, packets: list[bytes], trail: PacketTrail | None) -> tuple[bytes, int]:
+    def _decode(
+        self, packets: list[bytes], trail: PacketTrail | None, stamps: list[int] | None = None,
+    ) -> tuple[bytes, int]:
         if self._decoder is None:
             self._decoder = OpusDecoder(SAMPLE_RATE)
         parts: list[bytes] = []
         invalid = 0
-        for packet in packets:
+        for index, packet in enumerate(packets):
             try:
                 pcm = self._decoder.decode(packet)
             except AudioError:
                 invalid += 1
                 continue
+            if self.echo is not None:
+                pcm = self.echo.process(pcm, stamps[index] if stamps else 0)
             parts.append(pcm)
             if trail is not None:
                 trail.entries.append((packet, len(pcm)))  # recording: the one extra step per packet
@@ -163,6 +188,7 @@ class Ear:
         start = self._utt_start_ms if self._utt_start_ms is not None else self._buf_start_ms
         self._utt_start_ms = None
         self._checked = self._fallback = False
+        self._strong_ms, self._confirmed = 0.0, False
         last_voice = event.speech_end_ms if event.speech_end_ms is not None else event.at_ms
         speech_ms = last_voice - event.speech_start_ms
         # PCM and packets are cut with the same bounds (the turn's audio matches its PCM).
@@ -205,6 +231,25 @@ class Ear:
             marks.append(Mark("check", self._slice(start, end), check=self._checks))
         return marks + self._fallback_stop()
 
+    def _confirm(self, prob: float) -> bool:
+        """True once per utterance, at the window that gives it enough confident speech to
+        interrupt a reply."""
+        detector, settings = self._detector, self._settings
+        if not detector.in_speech and not detector.has_candidate:
+            self._strong_ms, self._gap_ms, self._confirmed = 0.0, 0.0, False  # nothing, or a blip that died out
+            return False
+        if prob >= settings.barge_in_min_probability:
+            self._strong_ms += self._window_ms
+            self._gap_ms = 0.0
+        elif prob <= settings.threshold_low:
+            self._gap_ms += self._window_ms
+            if self._gap_ms >= CONFIRM_GAP_MS:
+                self._strong_ms = 0.0
+        if detector.in_speech and not self._confirmed and self._strong_ms >= settings.barge_in_min_ms:
+            self._confirmed = True
+            return True
+        return False
+
     def _slice(self, start_ms: float, end_ms: float) -> bytes:
         begin = int((start_ms - self._buf_start_ms) * BYTES_PER_MS) & ~1
         end = int((end_ms - self._buf_start_ms) * BYTES_PER_MS) & ~1
@@ -245,6 +290,7 @@ class EarJob:
     ear: Ear
     packets: list[bytes]
     endpointing: bool  # False in manual mode: buffer only, `listen stop` ends the utterance
+    stamps: list[int] | None = None  # v2 uplink timestamps, one per packet (server AEC)
 
 
 @dataclass(frozen=True)
@@ -263,7 +309,7 @@ class HearingBatch:
         heard: dict[int, bytes] = {}
         for i, job in enumerate(jobs):
             try:
-                pcm, invalid = job.ear.hear(job.packets, job.endpointing)
+                pcm, invalid = job.ear.hear(job.packets, job.endpointing, job.stamps)
             except Exception as exc:
                 outcomes[i] = (None, exc)
                 continue
@@ -343,6 +389,11 @@ class VADDetector:
         self._start_ms: float | None = None  # first voiced window of the current candidate
         self._last_voiced_end_ms = 0.0  # end of the last individually voiced window
         self._last_have_voice_ms = 0.0  # last time the majority said "voice"
+
+    @property
+    def has_candidate(self) -> bool:
+        """Voiced windows are building up to a start (or an utterance is running)."""
+        return self._start_ms is not None
 
     @property
     def position_ms(self) -> float:

@@ -29,6 +29,7 @@ from conversations.pipeline.listen import (
     POST_WAKE_MUTE_S,
     Hearing,
     HearingEvent,
+    SpeechConfirmed,
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
@@ -40,7 +41,7 @@ from conversations.pipeline.reply import ReplyHandle, Speculation, TurnRunner, n
 from conversations.pipeline.speak import Clock, LoopClock
 from conversations.pipeline.think import Thinker
 from conversations.providers import registry
-from conversations.providers.base import TurnModel
+from conversations.providers.base import AEC, TurnModel
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def _turn_model(config: SessionConfig) -> TurnModel | None:
 class VoiceEngine:
     """The real engine (contracts.VoiceEngine). `on_*` return at once; work runs in tasks."""
 
-    on_audio: Callable[[bytes], None]  # queue one uplink packet (Hearing.push)
+    on_audio: Callable[[bytes, int], None]  # queue one uplink packet and its v2 stamp (Hearing.push)
 
     def __init__(
         self,
@@ -107,11 +108,14 @@ class VoiceEngine:
                 persona.vad_threshold, persona.vad_threshold_low, float(persona.vad_min_silence_ms),
                 turn_detection=persona.turn_detection, turn_pause_ms=float(persona.turn_pause_ms),
                 turn_max_silence_ms=float(persona.turn_max_silence_ms),
+                barge_in_min_ms=float(persona.barge_in_min_ms),
+                barge_in_min_probability=persona.barge_in_min_probability,
             ),
             # An injected clock reaches the hearing too; the loop's own is read directly.
             on_event=self._on_hearing, clock=None if isinstance(self._clock, LoopClock) else self._clock.now,
             keep_packets=config.recording == "on",
             turn_model=_turn_model(config) if persona.turn_detection == "smart" else None,
+            aec=self._echo_canceller(ctx),
         )
         self.on_audio = self._hearing.push  # the uplink's hot path: no hop through the engine
         self._chains = Chains(config)
@@ -124,11 +128,26 @@ class VoiceEngine:
         self._reply: ReplyHandle | None = None
         self._speculation: asyncio.Task[Speculation | None] | None = None
         self._greeting_go: asyncio.Event | None = None
+        # The utterance in progress began over a running reply and has not (yet) had enough
+        # speech to interrupt it: unless confirmed, it is not a turn (a cough, the echo).
+        self._over_reply = False
         self._listening = False  # between the device's `listen start` and `listen stop`
         self._turns = 0
         self._closed = False
 
+    @staticmethod
+    def _echo_canceller(ctx: EngineContext) -> AEC | None:
+        config = ctx.config
+        if not ctx.server_aec or not config.aec:
+            return None
+        aec: AEC = registry.shared("aec", config.aec, **config.providers.get(f"aec.{config.aec}", {}))
+        return aec
+
     # -- device events (from the session) ----------------------------------------------------
+
+    def on_audio_sent(self, opus: bytes, timestamp: int) -> None:
+        """A downlink frame went out stamped `timestamp`: the reference of its echo."""
+        self._hearing.reference(timestamp, opus)
 
     def on_listen_start(self) -> None:
         self._listening = True
@@ -195,19 +214,36 @@ class VoiceEngine:
             return
         if isinstance(event, SpeechStarted):
             self._ctx.voice_activity()
-            if self._ctx.listen_mode() == "realtime":
-                self._barge_in()
+            self._over_reply = self._reply_running()
+        elif isinstance(event, SpeechConfirmed):
+            self._barge_in()
         elif isinstance(event, SpeechPaused):
-            self._speculate(event.utterance)
+            if not self._over_reply:
+                self._speculate(event.utterance)
         elif isinstance(event, SpeechResumed):
             self._cancel_speculation()
         elif isinstance(event, SpeechStopped):
+            if self._over_reply:
+                self._over_reply = False
+                log.info("speech over the reply too short to interrupt it: ignored",
+                         extra={"speech_ms": round(event.utterance.speech_ms)})
+                return
             self._on_utterance(event.utterance)
 
-    def _barge_in(self) -> None:
+    def _reply_running(self) -> bool:
         reply = self._reply
-        if reply is not None and reply.allow_interruptions:
-            reply.interrupt("barge_in")
+        return reply is not None and not reply.done and not reply.interrupted
+
+    def _barge_in(self) -> None:
+        """Enough speech over a reply (realtime mode): interrupt it; the utterance goes on
+        and becomes the next turn, its first syllables included (the ear's pre-roll)."""
+        if not self._over_reply:
+            return
+        reply = self._reply
+        if self._ctx.listen_mode() != "realtime" or reply is None or not reply.allow_interruptions:
+            return  # not ours to cut: the utterance stays ignored
+        self._over_reply = False
+        reply.interrupt("barge_in")
 
     def _on_utterance(self, utterance: Utterance) -> None:
         self._ctx.voice_activity()

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from conversations.pipeline.config import SessionConfig
 from conversations.pipeline.states import MAX_PROTOCOL_ERRORS, CloseCode
-from devices.protocol.binary import decode_audio
+from devices.protocol.binary import AudioPacket, decode_audio
 from devices.protocol.codec import decode_json
 from devices.protocol.errors import ProtocolError
 from devices.protocol.messages import Message
@@ -76,8 +76,8 @@ class FrameGate:
                 await self.protocol_error(exc.reason, exc.kind)
             return None
 
-    async def binary(self, data: bytes, version: int | None) -> bytes | None:
-        """The Opus payload; `version` None means no hello yet."""
+    async def binary(self, data: bytes, version: int | None) -> AudioPacket | None:
+        """The Opus packet and its v2 timestamp; `version` None means no hello yet."""
         if not await self._admit():
             return None
         if len(data) > self._config.max_binary_bytes:
@@ -87,7 +87,7 @@ class FrameGate:
             await self._close(CloseCode.PROTOCOL_ERROR, "binary before hello")
             return None
         try:
-            return decode_audio(data, version).payload
+            return decode_audio(data, version)
         except ProtocolError as exc:
             await self.protocol_error(exc.reason, exc.kind)
             return None

@@ -13,6 +13,8 @@ VAD decides where an utterance ends) or without (manual mode: everything until `
 stop` is one utterance, `finish_manual`). The utterance keeps ~600 ms of audio before VAD
 fired, so the first syllable is not cut. A pause inside an utterance (`SpeechPaused`) lets
 the engine start ASR speculatively; if speech resumes (`SpeechResumed`) it is discarded.
+`SpeechConfirmed` says the utterance has had enough confident speech to interrupt a reply
+(the persona's barge-in settings): the engine interrupts on it, not on `SpeechStarted`.
 
 With "smart" turn detection the ear also asks, once per pause, whether the utterance is
 complete: the hearing runs the end-of-turn model (its own bounded thread pool, providers/
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from conversations.pipeline.aio import cancel_and_wait
 from conversations.pipeline.cpu_pool import CpuMill
+from conversations.pipeline.echo import EchoCanceller, ReferenceRing
 from conversations.pipeline.endpointing import (
     BYTES_PER_MS,
     PREROLL_MS,
@@ -41,12 +44,13 @@ from conversations.pipeline.endpointing import (
     Mark,
     VADSettings,
 )
-from conversations.providers.base import VAD, TurnModel, TurnVerdict
+from conversations.providers.base import AEC, VAD, TurnModel, TurnVerdict
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "BYTES_PER_MS", "PREROLL_MS", "SAMPLE_RATE", "Hearing", "HearingEvent", "LagHistogram", "SpeechPaused",
+    "BYTES_PER_MS", "PREROLL_MS", "SAMPLE_RATE", "Hearing", "HearingEvent", "LagHistogram", "SpeechConfirmed",
+    "SpeechPaused",
     "SpeechResumed", "SpeechStarted", "SpeechStopped", "Utterance", "VADSettings",
 ]
 
@@ -74,6 +78,13 @@ class SpeechStarted:
 
 
 @dataclass(frozen=True)
+class SpeechConfirmed:
+    """The utterance has enough confident speech to interrupt a reply (barge-in settings)."""
+
+    at: float
+
+
+@dataclass(frozen=True)
 class SpeechPaused:
     utterance: Utterance
 
@@ -88,7 +99,7 @@ class SpeechStopped:
     utterance: Utterance
 
 
-HearingEvent = SpeechStarted | SpeechPaused | SpeechResumed | SpeechStopped
+HearingEvent = SpeechStarted | SpeechConfirmed | SpeechPaused | SpeechResumed | SpeechStopped
 
 
 _FLUSH = object()  # manual mode's `listen stop`, queued behind the audio it closes
@@ -130,6 +141,7 @@ class Hearing:
         queue_packets: int = QUEUE_PACKETS,
         clock: Callable[[], float] | None = None,
         keep_packets: bool = False,
+        aec: AEC | None = None,
         turn_model: TurnModel | None = None,
     ) -> None:
         self._mill = mill
@@ -137,12 +149,14 @@ class Hearing:
         self._on_event = on_event
         if settings.smart and turn_model is None:
             settings = replace(settings, turn_detection="silence")
-        self._ear = Ear(settings, vad, keep_packets=keep_packets)  # keep_packets: utterance audio recorded
+        # aec: the device's echo is cancelled before VAD (server AEC, `features.aec` devices)
+        self.echo = EchoCanceller(aec.stream(), ReferenceRing()) if aec is not None else None
+        self._ear = Ear(settings, vad, keep_packets=keep_packets, echo=self.echo)  # keep_packets: recorded
         self._turn_model = turn_model
         self._check_task: asyncio.Task[None] | None = None  # the pause's model run (at most one)
         self._verdicts: deque[tuple[int, int, TurnVerdict | None]] = deque(maxlen=4)  # (generation, check, v)
         self._checks: list[TurnVerdict] = []  # the current utterance's answers
-        self._queue: deque[tuple[bytes, float] | object] = deque()  # (packet, arrival) or _FLUSH
+        self._queue: deque[tuple[bytes, float, int] | object] = deque()  # (packet, arrival, stamp) or _FLUSH
         self._queue_packets = queue_packets
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -189,16 +203,22 @@ class Hearing:
         self.accepting = False
         self._wake.set()
 
-    def push(self, packet: bytes) -> None:
-        """Queue one uplink packet. Never blocks; cheap enough to run per packet on the loop."""
+    def push(self, packet: bytes, timestamp: int = 0) -> None:
+        """Queue one uplink packet (`timestamp`: its v2 stamp). Never blocks; cheap enough to
+        run per packet on the loop."""
         if not self.accepting or (self._mute_until and self._now() < self._mute_until):
             self.ignored += 1
             return
         if len(self._queue) >= self._queue_packets:
             self.dropped += 1
             return
-        self._queue.append((packet, self._now()))
+        self._queue.append((packet, self._now(), timestamp))
         self._wake.set()
+
+    def reference(self, timestamp: int, opus: bytes) -> None:
+        """A downlink frame just sent with this v2 timestamp: the echo to cancel (server AEC)."""
+        if self.echo is not None:
+            self.echo.ring.add(timestamp, opus)
 
     async def aclose(self) -> None:
         self.accepting = False
@@ -210,6 +230,7 @@ class Hearing:
                 "invalid": self.invalid, "lag_p50_ms": self.lag.percentile(0.5),
                 "lag_p99_ms": self.lag.percentile(0.99), "lag_max_ms": round(self.lag.max_ms, 1),
                 "lag_histogram_ms": self.lag.counts,
+                **({"aec": vars(self.echo.stats)} if self.echo is not None else {}),
             })  # fmt: skip
 
     # -- worker ------------------------------------------------------------------------------
@@ -230,14 +251,15 @@ class Hearing:
                 self._apply_verdicts()
 
     async def _step(self) -> None:
-        batch, arrivals, flush = self._take_batch()
+        batch, arrivals, stamps, flush = self._take_batch()
         generation = self._generation
         if self._ear_generation != generation:
             self._ear.reset()
             self._ear_generation = generation
         if batch:
             self.packets += len(batch)
-            marks, invalid = await self._mill.run_batched(self._batch, EarJob(self._ear, batch, self.endpointing))
+            job = EarJob(self._ear, batch, self.endpointing, stamps if self.echo is not None else None)
+            marks, invalid = await self._mill.run_batched(self._batch, job)
             done = self._now()
             for arrived in arrivals:
                 self.lag.add(done - arrived)
@@ -247,17 +269,19 @@ class Hearing:
             pcm, packets = await self._mill.run(self._ear.take_all)
             self._on_event(SpeechStopped(Utterance(pcm, self._now(), len(pcm) / BYTES_PER_MS, packets=packets)))
 
-    def _take_batch(self) -> tuple[list[bytes], list[float], bool]:
+    def _take_batch(self) -> tuple[list[bytes], list[float], list[int], bool]:
         batch: list[bytes] = []
         arrivals: list[float] = []
+        stamps: list[int] = []
         while self._queue and len(batch) < MAX_BATCH:
             item = self._queue.popleft()
             if not isinstance(item, tuple):  # _FLUSH
-                return batch, arrivals, True
-            packet, arrived = item
+                return batch, arrivals, stamps, True
+            packet, arrived, stamp = item
             batch.append(packet)
             arrivals.append(arrived)
-        return batch, arrivals, False
+            stamps.append(stamp)
+        return batch, arrivals, stamps, False
 
     def _dispatch(self, marks: list[Mark], generation: int) -> None:
         now = self._now()
@@ -267,6 +291,8 @@ class Hearing:
             if mark.kind == "started":
                 self._checks = []
                 self._on_event(SpeechStarted(now))
+            elif mark.kind == "confirmed":
+                self._on_event(SpeechConfirmed(now))
             elif mark.kind == "check":
                 self._ask(mark, generation)
             elif mark.kind == "paused":

@@ -25,27 +25,53 @@ from typing import Any
 from conversations.pipeline import phrases
 from conversations.pipeline.aio import TaskSet
 from conversations.pipeline.commands import (
-    BadCommand, activation_text, call_request, command_message, command_name, mcp_result,
+    BadCommand,
+    activation_text,
+    call_request,
+    command_message,
+    command_name,
+    mcp_result,
     say_text,
 )
 from conversations.pipeline.config import SessionConfig, SessionInfo
 from conversations.pipeline.contracts import (
-    EngineContext, EngineFactory, NullEngine, NullHooks, SessionHooks, Transport, VoiceEngine,
+    EngineContext,
+    EngineFactory,
+    NullEngine,
+    NullHooks,
+    SessionHooks,
+    Transport,
+    VoiceEngine,
     null_engine_factory,
 )
 from conversations.pipeline.device_mcp import DeviceMcpLink
+from conversations.pipeline.echo import DownlinkStamps
 from conversations.pipeline.limits import FrameGate
 from conversations.pipeline.ordered_jobs import OrderedJobs
 from conversations.pipeline.states import (
-    TRANSITIONS, CloseCode, IllegalTransition, SessionState, check_transition,
+    TRANSITIONS,
+    CloseCode,
+    IllegalTransition,
+    SessionState,
+    check_transition,
 )
 from conversations.pipeline.toolset import build_toolset
 from conversations.pipeline.watchdog import Watchdog
 from devices.protocol.binary import encode_audio, negotiate_version
 from devices.protocol.codec import encode_json
 from devices.protocol.messages import (
-    Abort, AudioParams, Goodbye, Hello, ListenDetect, ListenStart, ListenStop, Mcp, Message,
-    ServerHello, TtsStart, TtsStop,
+    Abort,
+    AudioParams,
+    Goodbye,
+    Hello,
+    ListenDetect,
+    ListenStart,
+    ListenStop,
+    Mcp,
+    Message,
+    ServerHello,
+    TtsStart,
+    TtsStop,
 )
 from tools.errors import ToolError
 from tools.mcp.device import DISCONNECTED
@@ -98,6 +124,9 @@ class VoiceSession:
         self._version: int | None = None  # binary framing; None until the hello
         self._mode = "auto"
         self._features: dict[str, Any] = {}
+        self._server_aec = False  # features.aec over v2: frames stamped and reported to the engine
+        self._stamps = DownlinkStamps()
+        self._clock = clock
         self._tts_open = False  # `tts start` sent, its `tts stop` not yet
         self._send_failures = 0
         self._closed = False
@@ -163,8 +192,8 @@ class VoiceSession:
         if self._state is S.CLOSING:
             return
         try:
-            payload = await self._gate.binary(data, self._version)
-            if payload is None:
+            packet = await self._gate.binary(data, self._version)
+            if packet is None:
                 return
             # Audio is the user's turn while listening, and in realtime mode while speaking
             # too; an unbound device hears its code and nothing it says is processed.
@@ -172,7 +201,7 @@ class VoiceSession:
             listening = state is S.LISTENING or (state is S.SPEAKING and self._mode == "realtime")
             if listening and engine is not None and not self._code_only:
                 self.stats.audio_to_engine += 1
-                engine.on_audio(payload)
+                engine.on_audio(packet.payload, packet.timestamp)
             else:
                 self.stats.audio_dropped_in += 1
         except Exception:
@@ -247,9 +276,24 @@ class VoiceSession:
             logger.info("Protocol-Version header differs from the hello version; hello wins")
         self._version = negotiate_version(self._protocol_header, hello.version)
         self._features = hello.features
+        self._server_aec = self._wants_server_aec()
+        if self._server_aec:
+            # The firmware listens in realtime mode when it has AEC (GetDefaultListeningMode)
+            # and says so in its `listen start`; until then assume it, too.
+            self._mode = "realtime"
         self._set_state(S.IDLE)
         await self._send_server_hello()
         self._after_hello()
+
+    def _wants_server_aec(self) -> bool:
+        if self._features.get("aec") is not True or not self.config.aec:
+            return False
+        if self._version != 2:
+            # Only v2 frames carry the timestamps that align the echo with what was played.
+            logger.warning("device asks for server AEC without binary protocol v2; not cancelling",
+                           extra={"session_id": self.session_id, "version": self._version})
+            return False
+        return True
 
     async def _send_server_hello(self) -> None:
         params = AudioParams(sample_rate=self.config.downlink_sample_rate, frame_duration=60)
@@ -361,7 +405,11 @@ class VoiceSession:
             return
         self._watchdog.activity()  # long answers must not trip the idle timer
         self.stats.audio_sent += 1
-        await self._send_raw(encode_audio(opus, self._version))
+        # v2 frames carry a timestamp the device echoes on its uplink while playing the frame.
+        stamp = self._stamps.next(int(self._clock() * 1000)) if self._version == 2 else 0
+        if self._server_aec and self._engine is not None:
+            self._engine.on_audio_sent(opus, stamp)
+        await self._send_raw(encode_audio(opus, self._version, stamp))
 
     async def _send_mcp(self, payload: dict) -> None:
         await self._send(Mcp(payload=payload))
@@ -399,7 +447,7 @@ class VoiceSession:
             config=self.config, toolset=self.toolset, send=self._engine_send,
             send_audio=self._send_audio, replies=self, listen_mode=lambda: self._mode,
             hooks=self._hooks, voice_activity=self._watchdog.activity, request_close=self._request_close,
-            tool_state=self.tool_state,
+            tool_state=self.tool_state, server_aec=self._server_aec,
         )
 
     def _require_engine(self) -> VoiceEngine:

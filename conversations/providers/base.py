@@ -1,4 +1,5 @@
-"""Contracts for the pluggable pipeline stages: VAD, end of turn, ASR, LLM, TTS.
+"""Contracts for the pluggable pipeline stages: VAD, end of turn, ASR, LLM, TTS, and echo
+cancellation.
 
 Providers are plain async Python: no ORM, no Django settings. They receive their
 configuration as keyword arguments from `registry.build` and fail with ProviderError, which
@@ -71,6 +72,28 @@ class VAD(Protocol):
 
     def probabilities(self, work: list[tuple[Any, bytes]]) -> list[list[float]]:
         """For each (stream, pcm): a probability per window completed by `pcm`, in order."""
+
+
+class AECStream(Protocol):
+    """One session's echo canceller state (adaptive filter, delay estimate)."""
+
+    def process(self, mic: bytes, reference: bytes) -> bytes:
+        """Cancel `reference` (what the device played) from `mic`; both 16 kHz s16 mono of
+        the same length, a multiple of 10 ms. Returns the residual, same length."""
+
+
+@runtime_checkable
+class AEC(Protocol):
+    """Acoustic echo cancellation of device uplinks (devices announcing `features.aec`).
+
+    Blocking CPU work, called from the hearing's pool job (never the event loop), for a
+    stream by one job at a time. One provider per process (`registry.shared`).
+    """
+
+    name: str
+
+    def stream(self) -> AECStream:
+        """State for one more session."""
 
 
 @runtime_checkable

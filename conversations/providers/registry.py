@@ -20,11 +20,18 @@ REGISTRY: dict[str, dict[str, str]] = {
     "turn": {
         "smart_turn": "conversations.providers.turn.smart_turn.SmartTurn",
     },
+    "aec": {
+        "webrtc": "conversations.providers.aec.webrtc.WebRtcAEC",
+    },
     "asr": {
         "faster_whisper": "conversations.providers.asr.faster_whisper.FasterWhisperASR",
         "openai": "conversations.providers.asr.openai_compat.OpenAIASR",
     },
     "llm": {
+        "openai": "conversations.providers.llm.openai_compat.OpenAILLM",
+    },
+    # Camera questions (devices/vision.py asks the model itself; the class serves the admin's Test).
+    "vision": {
         "openai": "conversations.providers.llm.openai_compat.OpenAILLM",
     },
     "tts": {

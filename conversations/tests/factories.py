@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import factory
 
+from conversations.models import Persona
+from testing.model_factory import ModelFactory
 
-class PersonaFactory(factory.django.DjangoModelFactory):
+
+class _PersonaFactory(factory.django.DjangoModelFactory[Persona]):
     class Meta:
         model = "conversations.Persona"
 
@@ -12,3 +15,6 @@ class PersonaFactory(factory.django.DjangoModelFactory):
     # The fixed silence window, so a test's timing does not hang on the end-of-turn model's
     # opinion of espeak; tests of smart turn detection say so.
     turn_detection = "silence"
+
+
+PersonaFactory = ModelFactory(_PersonaFactory)

@@ -21,7 +21,8 @@ from testing.fake_openai import FakeOpenAI, Reply
 pytestmark = pytest.mark.django_db
 
 SECRET = "sk-live-abcdef0123456789SECRET"
-PREFIXES = {"asr": "provider_links", "llm": "provider_links-2", "tts": "provider_links-3"}
+PREFIXES = {"asr": "provider_links", "llm": "provider_links-2", "tts": "provider_links-3",
+            "vision": "provider_links-4"}
 
 
 @pytest.fixture
@@ -46,6 +47,7 @@ def persona_form(persona: Persona | None, chains: dict[str, list[tuple[int | Non
         "language": "en", "voice": "", "llm_model": "", "temperature": "0.7", "max_tokens": "512",
         "context_turns": "10", "vad_threshold": "0.5", "vad_threshold_low": "0.3", "vad_min_silence_ms": "600",
         "turn_detection": "smart", "turn_pause_ms": "200", "turn_max_silence_ms": "1500",
+        "barge_in_min_ms": "180", "barge_in_min_probability": "0.8",
         "greeting": "", "farewell": "Goodbye!", "exit_phrases": "", "device_tool_exclusions": "",
         "device_tools_enabled": "on", "record_audio": "on",
     }
@@ -282,3 +284,15 @@ def test_the_review_tells_two_configurations_of_one_kind_apart() -> None:
     (llm,) = stage_attempts(log.as_json())
     assert [(k.kind, k.ok, k.failed) for k in llm.kinds] == [("Cloud · openai", 0, 1), ("Local · openai", 1, 0)]
     assert llm.fell_back
+
+
+def test_seeded_key_references_read_the_settings_with_their_defaults(settings: Any, monkeypatch: Any) -> None:
+    from conversations.provider_configs import api_key_resolve
+
+    monkeypatch.delenv("LLM_API_KEY", raising=False)
+    settings.LLM_API_KEY = "from-settings"
+    assert api_key_resolve("env:LLM_API_KEY") == "from-settings"
+    monkeypatch.setenv("OTHER_API_KEY", SECRET)
+    assert api_key_resolve("env:OTHER_API_KEY") == SECRET
+    assert api_key_resolve("env:DATABASE_URL") == ""  # not a key variable: never read
+    assert api_key_resolve(SECRET) == SECRET

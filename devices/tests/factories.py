@@ -8,11 +8,13 @@ from typing import Any
 
 import factory
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.core.files.base import ContentFile
 from django.utils import timezone
 
 from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease
 from devices.versions import fake_app_image
+from testing.model_factory import ModelFactory
 
 
 def mac_for(number: int) -> str:
@@ -20,7 +22,7 @@ def mac_for(number: int) -> str:
     return ":".join(raw[i:i + 2] for i in range(0, 12, 2))
 
 
-class UserFactory(factory.django.DjangoModelFactory):
+class _UserFactory(factory.django.DjangoModelFactory[User]):
     class Meta:
         model = get_user_model()
         django_get_or_create = ("username",)
@@ -29,7 +31,7 @@ class UserFactory(factory.django.DjangoModelFactory):
     email = factory.LazyAttribute(lambda user: f"{user.username}@example.com")
 
 
-class DeviceFactory(factory.django.DjangoModelFactory):
+class _DeviceFactory(factory.django.DjangoModelFactory[Device]):
     class Meta:
         model = Device
 
@@ -39,22 +41,22 @@ class DeviceFactory(factory.django.DjangoModelFactory):
     firmware_version = "2.4.2"
 
 
-class BoundDeviceFactory(DeviceFactory):
-    owner = factory.SubFactory(UserFactory)
+class _BoundDeviceFactory(_DeviceFactory):
+    owner = factory.SubFactory(_UserFactory)
     bound_at = factory.LazyFunction(timezone.now)
 
 
-class ActivationCodeFactory(factory.django.DjangoModelFactory):
+class _ActivationCodeFactory(factory.django.DjangoModelFactory[ActivationCode]):
     class Meta:
         model = ActivationCode
 
-    device = factory.SubFactory(DeviceFactory)
+    device = factory.SubFactory(_DeviceFactory)
     code = factory.Sequence(lambda n: f"{(n * 7919) % 10**6:06d}")
     challenge = factory.LazyFunction(lambda: secrets.token_hex(16))
     expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=1))
 
 
-class DeviceKeyFactory(factory.django.DjangoModelFactory):
+class _DeviceKeyFactory(factory.django.DjangoModelFactory[DeviceKey]):
     class Meta:
         model = DeviceKey
 
@@ -62,7 +64,7 @@ class DeviceKeyFactory(factory.django.DjangoModelFactory):
     key_hex = factory.LazyFunction(lambda: secrets.token_hex(32))
 
 
-class FirmwareReleaseFactory(factory.django.DjangoModelFactory):
+class _FirmwareReleaseFactory(factory.django.DjangoModelFactory[FirmwareRelease]):
     """Saves a real (tiny, fake) image; point MEDIA_ROOT at a temporary directory."""
 
     class Meta:
@@ -72,6 +74,14 @@ class FirmwareReleaseFactory(factory.django.DjangoModelFactory):
     version = "2.5.0"
     binary = factory.LazyAttribute(lambda release: ContentFile(fake_app_image(release.version), name="xiaozhi.bin"))
     size = 4096
+
+
+UserFactory = ModelFactory(_UserFactory)
+DeviceFactory = ModelFactory(_DeviceFactory)
+BoundDeviceFactory = ModelFactory(_BoundDeviceFactory)
+ActivationCodeFactory = ModelFactory(_ActivationCodeFactory)
+DeviceKeyFactory = ModelFactory(_DeviceKeyFactory)
+FirmwareReleaseFactory = ModelFactory(_FirmwareReleaseFactory)
 
 
 def ota_headers(*, mac: str, client_id: str, serial: str = "", board: str = "bread-compact-wifi",

@@ -209,11 +209,16 @@ async def test_malformed_calls_get_the_firmware_errors(params: dict | None, mess
 async def test_integers_are_truncated_and_missing_optional_arguments_take_defaults() -> None:
     server = DeviceMcpServer.default()
     seen: list[dict[str, Any]] = []
+
+    def handler(args: dict[str, Any]) -> bool:
+        seen.append(args)
+        return True
+
     server.add_tool(Tool("self.t", "d", (
         Property("n", "integer", minimum=0, maximum=10),
         Property("quality", "integer", default=80, minimum=1, maximum=100),
         Property("label", "string", default="x"),
-    ), handler=lambda args: seen.append(args) or True))
+    ), handler=handler))
     reply = await call(server, "self.t", {"n": 7.9, "label": 3})
     assert reply["result"] == {"content": [{"type": "text", "text": "true"}], "isError": False}
     assert seen == [{"n": 7, "quality": 80, "label": "x"}]  # wrong-typed optional → default

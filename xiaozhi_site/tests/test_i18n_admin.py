@@ -39,7 +39,7 @@ from tools.models import McpServer, McpTool
 
 pytestmark = pytest.mark.django_db
 
-CHINESE = {"HTTP_ACCEPT_LANGUAGE": "zh-CN,zh;q=0.9,en;q=0.5"}
+CHINESE: dict[str, Any] = {"HTTP_ACCEPT_LANGUAGE": "zh-CN,zh;q=0.9,en;q=0.5"}
 
 # Latin words allowed on a Chinese page: product, protocol and format names, units and
 # acronyms that Chinese admin UIs keep as they are, and the languages' own names.
@@ -175,7 +175,7 @@ def data_words() -> set[str]:
     for model in [*project_models(), get_user_model()]:
         # Fields with choices are shown by their (translated) label, not their stored value.
         fields = [f.name for f in model._meta.concrete_fields if isinstance(f, kinds) and not f.choices]
-        for row in model.objects.values_list(*fields):
+        for row in model._default_manager.values_list(*fields):
             text = " ".join(json.dumps(value) if not isinstance(value, str) else value for value in row)
             words.update(w.casefold() for w in _WORD.findall(text))
     return words
