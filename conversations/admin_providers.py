@@ -203,7 +203,8 @@ async def persona_test_view(request: HttpRequest, object_id: str) -> HttpRespons
     if persona is None:
         return JsonResponse({"error": gettext("No such persona.")}, status=404)
     env = env_provider_options()
-    links = [link async for link in PersonaProvider.objects.filter(persona=persona, config__stage__in=CHAIN_STAGES)
+    stages = (*CHAIN_STAGES, "vision")
+    links = [link async for link in PersonaProvider.objects.filter(persona=persona, config__stage__in=stages)
              .select_related("config").order_by("position", "pk")]
     chains = [(link.config, provider_spec(link.config, env)) for link in links]
     stages_with_links = {config.stage for config, _spec in chains}
@@ -213,7 +214,7 @@ async def persona_test_view(request: HttpRequest, object_id: str) -> HttpRespons
                 config = await ProviderConfig.objects.filter(name=default_config_name(stage, kind)).afirst()
                 if config is not None:
                     chains.append((config, provider_spec(config, env)))
-    order = {stage: n for n, stage in enumerate(CHAIN_STAGES)}
+    order = {stage: n for n, stage in enumerate(stages)}
     chains.sort(key=lambda pair: order[pair[0].stage])
     results = await asyncio.gather(*(
         probe(config.stage, spec, language=persona.language, voice=persona.voice,
@@ -311,9 +312,11 @@ def voice_picker_attrs(*, kinds: list[str] | None = None, kind_source: str = "",
 
 
 class ChainFormSet(BaseInlineFormSet):
-    """One stage's chain: at least one configuration, each once, in position order."""
+    """One stage's chain: at least one configuration (vision: may be empty), each once, in
+    position order."""
 
     stage = ""
+    required = True
 
     def clean(self) -> None:
         super().clean()
@@ -321,7 +324,7 @@ class ChainFormSet(BaseInlineFormSet):
             return
         kept = [form for form in self.forms
                 if form.cleaned_data.get("config") and not form.cleaned_data.get("DELETE")]
-        if not kept:
+        if not kept and self.required:
             raise ValidationError(
                 gettext("Add at least one %(stage)s provider configuration: the chain must not be empty.")
                 % {"stage": STAGE_LABELS[self.stage]}, code="empty_chain")
@@ -366,11 +369,12 @@ class ChainInline(admin.TabularInline):
     def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
         formset = cast("type[ChainFormSet]", super().get_formset(request, obj, **kwargs))  # built on `formset`
         formset.stage = self.stage
+        formset.required = self.stage in DEFAULT_CHAINS
         return formset
 
     def default_links(self) -> list[dict[str, Any]]:
         """The default chain's configurations (created if an operator deleted them)."""
-        configs = [provider_config_default(stage=self.stage, kind=kind) for kind in DEFAULT_CHAINS[self.stage]]
+        configs = [provider_config_default(stage=self.stage, kind=kind) for kind in DEFAULT_CHAINS.get(self.stage, [])]
         return [{"config": config.pk, "position": n} for n, config in enumerate(configs)
                 if config.stage == self.stage]
 
@@ -401,7 +405,13 @@ class TtsChainInline(ChainInline):
     verbose_name_plural = _("TTS chain (speech synthesis, in fallback order; espeak-ng is always the last resort)")
 
 
-CHAIN_INLINES = (AsrChainInline, LlmChainInline, TtsChainInline)
+class VisionChainInline(ChainInline):
+    stage = "vision"
+    verbose_name = _("vision provider")
+    verbose_name_plural = _("Vision chain (camera questions, in fallback order; empty: XIAOZHI_VISION_* settings)")
+
+
+CHAIN_INLINES = (AsrChainInline, LlmChainInline, TtsChainInline, VisionChainInline)
 
 
 def chain_formset_kwargs(inline: admin.options.InlineModelAdmin, obj: Persona | None) -> dict[str, Any]:

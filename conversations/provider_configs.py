@@ -48,6 +48,11 @@ ENV_DEFAULTS: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
+# Key variables the settings already read (with a default, or NAME_FILE): the seeded
+# configurations refer to these, and an unset one is not a mistake ("not-needed").
+SETTINGS_KEYS = frozenset({"LLM_API_KEY", "ASR_OPENAI_API_KEY", "TTS_OPENAI_API_KEY", "XIAOZHI_VISION_API_KEY"})
+
+
 def default_config_name(stage: str, kind: str) -> str:
     return ENV_DEFAULTS.get((stage, kind), (f"{stage.upper()} {kind}", ""))[0]
 
@@ -94,6 +99,8 @@ def api_key_resolve(stored: str) -> str:
     if match is None:
         return stored
     name = match.group(1)
+    if name in SETTINGS_KEYS:  # read at start-up with their defaults and NAME_FILE
+        return str(getattr(settings, name))
     if not env_key_allowed(name):
         log.warning("provider key refers to a variable that is not a key", extra={"variable": name})
         return ""
@@ -142,7 +149,7 @@ def persona_chain_specs(
              .select_related("config").order_by("position", "pk"))
     for link in links:
         chains[link.config.stage].append(provider_spec(link.config, env_options))
-    return {stage: tuple(entries) or tuple(DEFAULT_CHAINS[stage]) for stage, entries in chains.items()}
+    return {stage: tuple(entries) or tuple(DEFAULT_CHAINS.get(stage, ())) for stage, entries in chains.items()}
 
 
 def persona_first_kinds(persona_ids: Iterable[int] | None = None) -> dict[int, dict[str, str]]:

@@ -17,6 +17,7 @@ import hmac
 import io
 import logging
 import time
+from dataclasses import dataclass, field
 
 import openai
 from openai.types.chat import ChatCompletionUserMessageParam
@@ -72,14 +73,50 @@ def _bearer(request: HttpRequest) -> str:
     return value[7:].strip() if value[:7].lower() == "bearer " else value
 
 
-def vision_request_authorized(request: HttpRequest) -> bool:
-    """The token must be a vision token for the device named in `Device-Id` (sync, ORM)."""
+def vision_request_device(request: HttpRequest) -> Device | None:
+    """The device named in `Device-Id`, if the token is a vision token for it (sync, ORM)."""
     mac = normalize_mac(request.headers.get("Device-Id", ""))
     token = _bearer(request)
     if mac is None or not token:
-        return False
+        return None
     device = Device.objects.filter(mac=mac).first()
-    return device is not None and vision_token_valid(token=token, device=device)
+    return device if device is not None and vision_token_valid(token=token, device=device) else None
+
+
+def vision_request_authorized(request: HttpRequest) -> bool:
+    return vision_request_device(request) is not None
+
+
+@dataclass(frozen=True)
+class VisionEndpoint:
+    """One OpenAI-compatible vision model to ask (a persona's vision configuration, or the
+    XIAOZHI_VISION_* settings). repr() leaves the key out."""
+
+    name: str
+    base_url: str
+    model: str
+    timeout: float = VISION_TIMEOUT_SECONDS
+    api_key: str = field(default="", repr=False)
+
+
+def vision_endpoints(device: Device) -> list[VisionEndpoint]:
+    """The device's persona's vision chain (admin: the persona's "Vision chain"), in order;
+    without one, the XIAOZHI_VISION_* settings (default: the LLM's)."""
+    from conversations.provider_configs import env_provider_options, persona_chain_specs  # noqa: PLC0415
+    from conversations.selectors import persona_for_device  # noqa: PLC0415 - it imports this module
+
+    env = env_provider_options()
+    specs = persona_chain_specs(persona_for_device(device), env, stages=("vision",))["vision"]
+    endpoints = [
+        VisionEndpoint(spec.name, str(spec.kwargs.get("base_url") or ""),
+                       spec.model or settings.XIAOZHI_VISION_MODEL,
+                       float(spec.kwargs.get("timeout") or VISION_TIMEOUT_SECONDS),
+                       str(spec.kwargs.get("api_key") or ""))
+        for spec in specs if not isinstance(spec, str)
+    ]
+    return endpoints or [VisionEndpoint(
+        "", settings.XIAOZHI_VISION_BASE_URL or settings.LLM_BASE_URL, settings.XIAOZHI_VISION_MODEL,
+        VISION_TIMEOUT_SECONDS, settings.XIAOZHI_VISION_API_KEY or settings.LLM_API_KEY)]
 
 
 # -- upload parsing -----------------------------------------------------------------------
@@ -131,20 +168,34 @@ def _too_large() -> JsonResponse:
 # -- the model ----------------------------------------------------------------------------
 
 
-async def vision_explain_image(*, question: str, jpeg: bytes) -> str:
-    """Ask the configured OpenAI-compatible vision model; VisionError on any failure."""
-    client = openai.AsyncOpenAI(
-        base_url=settings.XIAOZHI_VISION_BASE_URL or settings.LLM_BASE_URL,
-        api_key=settings.XIAOZHI_VISION_API_KEY or settings.LLM_API_KEY,
-        timeout=VISION_TIMEOUT_SECONDS, max_retries=0,
-    )
+async def vision_explain_image(*, question: str, jpeg: bytes, endpoints: list[VisionEndpoint] | None = None) -> str:
+    """Ask the vision models in order until one answers; VisionError when none does."""
+    if endpoints is None:
+        endpoints = [VisionEndpoint("", settings.XIAOZHI_VISION_BASE_URL or settings.LLM_BASE_URL,
+                                    settings.XIAOZHI_VISION_MODEL, VISION_TIMEOUT_SECONDS,
+                                    settings.XIAOZHI_VISION_API_KEY or settings.LLM_API_KEY)]
+    last: VisionError | None = None
+    for endpoint in endpoints:
+        try:
+            return await _ask(endpoint, question, jpeg)
+        except VisionError as exc:
+            # The class name only: SDK errors can carry URLs and keys.
+            logger.warning("vision model failed, trying the next one",
+                           extra={"config": endpoint.name, "error": str(exc)})
+            last = exc
+    raise last or VisionError("no vision model")
+
+
+async def _ask(endpoint: VisionEndpoint, question: str, jpeg: bytes) -> str:
+    client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key or "not-needed",
+                                timeout=endpoint.timeout, max_retries=0)
     image_url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
     message: ChatCompletionUserMessageParam = {"role": "user", "content": [
         {"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": image_url}}]}
     try:
         response = await client.chat.completions.create(
-            model=settings.XIAOZHI_VISION_MODEL, stream=False, messages=[message])
-    except openai.OpenAIError as exc:
+            model=endpoint.model, stream=False, messages=[message])
+    except (openai.OpenAIError, OSError, TimeoutError) as exc:
         raise VisionError(type(exc).__name__) from exc
     finally:
         await client.close()
@@ -162,15 +213,17 @@ async def vision_explain_image(*, question: str, jpeg: bytes) -> str:
 async def vision_explain(request: HttpRequest) -> HttpResponse:
     if _declared_too_large(request):
         return _too_large()
-    if not await sync_to_async(vision_request_authorized)(request):
+    device = await sync_to_async(vision_request_device)(request)
+    if device is None:
         return JsonResponse({"success": False, "message": "invalid vision token"}, status=401)
+    endpoints = await sync_to_async(vision_endpoints)(device)
     # Reading and parsing up to 5 MB is blocking file work: keep it off the event loop.
     upload = await sync_to_async(read_upload, thread_sensitive=False)(request)
     if isinstance(upload, HttpResponse):
         return upload
     question, jpeg = upload
     try:
-        answer = await vision_explain_image(question=question, jpeg=jpeg)
+        answer = await vision_explain_image(question=question, jpeg=jpeg, endpoints=endpoints)
     except VisionError as exc:
         logger.warning("vision model failed", extra={"error": str(exc)})
         return JsonResponse({"success": False, "message": "the vision model is unavailable"}, status=502)

@@ -30,6 +30,10 @@ REGISTRY: dict[str, dict[str, str]] = {
     "llm": {
         "openai": "conversations.providers.llm.openai_compat.OpenAILLM",
     },
+    # Camera questions (devices/vision.py asks the model itself; the class serves the admin's Test).
+    "vision": {
+        "openai": "conversations.providers.llm.openai_compat.OpenAILLM",
+    },
     "tts": {
         "edge": "conversations.providers.tts.edge.EdgeTTS",
         "openai": "conversations.providers.tts.openai_compat.OpenAITTS",

@@ -114,3 +114,24 @@ def test_a_failing_model_gets_502(vision_settings: Any, fake: FakeOpenAI, device
 
 def test_only_post_is_allowed(vision_settings: Any) -> None:
     assert Client().get(URL).status_code == 405
+
+
+def test_the_personas_vision_chain_falls_over_to_its_next_model(vision_settings: Any, fake: FakeOpenAI,
+                                                                 device: Device) -> None:
+    from conversations.models import ProviderConfig
+    from conversations.provider_configs import persona_chain_set
+    from conversations.tests.factories import PersonaFactory
+
+    with FakeOpenAI(default=Reply(status=503, error="overloaded")) as down:
+        first = ProviderConfig.objects.create(name="Cloud vision", stage="vision", kind="openai",
+                                              base_url=down.base_url, model="big-vision", api_key="sk-cloud-0000")
+        second = ProviderConfig.objects.create(name="Local vision", stage="vision", kind="openai",
+                                               base_url=fake.base_url, model="small-vision")
+        device.persona = PersonaFactory()
+        device.save()
+        persona_chain_set(persona=device.persona, configs=[first, second])
+        response = post(device)
+        assert response.status_code == 200 and response.content.decode() == "A red mug on a desk."
+        assert [r.model for r in down.chat_requests] == ["big-vision"]
+        assert down.chat_requests[0].headers["Authorization"] == "Bearer sk-cloud-0000"
+    assert fake.chat_requests[-1].model == "small-vision"
