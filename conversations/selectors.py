@@ -106,6 +106,7 @@ def session_config_for(
         llm_first_token_timeout=settings.LLM_FIRST_TOKEN_TIMEOUT,
         llm_inter_token_timeout=settings.LLM_INTER_TOKEN_TIMEOUT,
         filler_after=settings.XIAOZHI_FILLER_SECONDS,
+        aec="webrtc" if settings.XIAOZHI_SERVER_AEC == "on" else "",
         recording=recording_mode(persona_records=persona.record_audio),
         vision_url=f"{base_url}{VISION_PATH}" if base_url else "",
         vision_token=vision_token_issue(device=device),

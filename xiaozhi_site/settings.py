@@ -322,6 +322,9 @@ XIAOZHI_HARD_TIMEOUT_SECONDS = envfloat("XIAOZHI_HARD_TIMEOUT_SECONDS", 180.0, m
 # A device says "one moment…" (once per turn) when the first words of a reply or a tool call
 # keep the user waiting this long; 0 never says it.
 XIAOZHI_FILLER_SECONDS = envfloat("XIAOZHI_FILLER_SECONDS", 2.0, minimum=0)
+# Cancel the echo of devices that announce features.aec (binary protocol v2): "off" leaves
+# their audio as it arrives (they still listen in realtime mode, so their echo may interrupt).
+XIAOZHI_SERVER_AEC = envchoice("XIAOZHI_SERVER_AEC", "on", ("on", "off"))
 
 # --- HTTP edge (applied inside daphne before a request reaches Django; docs/security.md) ---
 # Bodies over the limit get 413 before they are read or spooled to disk.

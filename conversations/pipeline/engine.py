@@ -41,7 +41,7 @@ from conversations.pipeline.reply import ReplyHandle, Speculation, TurnRunner, n
 from conversations.pipeline.speak import Clock, LoopClock
 from conversations.pipeline.think import Thinker
 from conversations.providers import registry
-from conversations.providers.base import AEC, TurnModel
+from conversations.providers.base import AEC, ProviderError, TurnModel
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,13 @@ class VoiceEngine:
         config = ctx.config
         if not ctx.server_aec or not config.aec:
             return None
-        aec: AEC = registry.shared("aec", config.aec, **config.providers.get(f"aec.{config.aec}", {}))
+        try:
+            aec: AEC = registry.shared("aec", config.aec, **config.providers.get(f"aec.{config.aec}", {}))
+        except (ProviderError, KeyError):
+            # No canceller (the native library missing on this platform): the session goes on
+            # with the device's audio as it arrives, as for a device without features.aec.
+            log.warning("server-side echo cancellation unavailable", exc_info=True, extra={"kind": config.aec})
+            return None
         return aec
 
     # -- device events (from the session) ----------------------------------------------------

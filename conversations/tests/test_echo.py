@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conversations.pipeline.echo import (
     FRAME_BYTES,
@@ -157,3 +159,21 @@ def test_webrtc_cancels_a_delayed_room_echo_found_by_timestamp() -> None:
     tail = slice(3 * RATE * 2, None)  # after convergence
     assert level_db(mic[tail]) - level_db(bytes(residual[tail])) > 20
     assert echo.stats.stamped == len(packets)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2**32 - 1)), max_size=80))
+def test_any_order_of_sent_frames_and_hostile_stamps_keeps_the_ring_bounded(events: list[tuple[bool, int]]) -> None:
+    """Frames sent and uplink stamps in any order, stamps of any 32-bit value (a hostile or
+    buggy device): every packet gets a 60 ms reference and the ring never grows past its bound."""
+    echo, recorder = canceller(frames=8)
+    packet = encode(tone_frames(1))[0]
+    for sent, stamp in events:
+        if sent:
+            echo.ring.add(stamp, packet)
+        else:
+            echo.process(bytes(FRAME_BYTES), stamp)
+        assert len(echo.ring) <= 8
+    assert all(len(r) == FRAME_BYTES for r in recorder.references)
+    stats = echo.stats
+    assert stats.stamped + stats.continued + stats.missing + stats.silent == len(recorder.references)

@@ -115,9 +115,12 @@ async def ask(device: SimulatedDevice, text: str) -> Event:
     return await device.wait_for(tts("start"), since=mark, timeout=20)
 
 
+def _turn_rows() -> list[dict[str, Any]]:
+    return [dict(row) for row in Turn.objects.order_by("id").values("user_text", "reply_text", "interrupted")]
+
+
 async def turns() -> list[dict[str, Any]]:
-    return await database_sync_to_async(
-        lambda: list(Turn.objects.order_by("id").values("user_text", "reply_text", "interrupted")))()
+    return await database_sync_to_async(_turn_rows)()
 
 
 async def wait_turns(count: int) -> list[dict[str, Any]]:

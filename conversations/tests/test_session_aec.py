@@ -10,6 +10,7 @@ import pytest
 
 from conversations.pipeline.config import DeviceInfo, SessionConfig
 from conversations.pipeline.contracts import NullEngine
+from conversations.pipeline.engine import VoiceEngine
 from conversations.pipeline.session import VoiceSession
 from conversations.tests import fakes
 from conversations.tests.fakes import RecordingHooks, RecordingTransport
@@ -87,5 +88,23 @@ async def test_a_hostile_aec_feature_value_is_not_true() -> None:
     session, _transport, engine = await open_session(2, {"aec": "yes"})
     try:
         assert not engine.ctx.server_aec and session.listen_mode == "auto"
+    finally:
+        await session.aclose()
+
+
+@pytest.mark.parametrize(("aec", "cancelling"), [("webrtc", True), ("no_such_canceller", False)])
+async def test_the_engine_cancels_with_the_configured_canceller_or_goes_on_without(
+    aec: str, cancelling: bool, caplog: pytest.LogCaptureFixture,
+) -> None:
+    transport = RecordingTransport()
+    config = SessionConfig(session_id=str(uuid.uuid4()), device=DeviceInfo(id=1, mac="aa:bb:cc:dd:ee:0b"), aec=aec)
+    session = VoiceSession(transport, config, RecordingHooks(), VoiceEngine)
+    try:
+        await session.start()
+        await session.feed_text(fakes.hello_text(2, {"aec": True}))
+        engine = session.engine
+        assert isinstance(engine, VoiceEngine)
+        assert (engine.hearing.echo is not None) is cancelling
+        assert ("echo cancellation unavailable" in caplog.text) is not cancelling
     finally:
         await session.aclose()
