@@ -1,7 +1,7 @@
 """P1 — server-added turn latency: VAD end-of-utterance decision → first downlink Opus frame
 written, with zero-latency fake ASR/LLM/TTS; 1 device, then N devices talking at once.
 
-    .venv/bin/python bench/p1_latency.py [--devices 100] [--duration 60] [--turns 20]
+    .venv/bin/python bench/p1_latency.py [--devices 100] [--duration 60] [--turns 20] [--turn silence|smart]
 
 Starts the real server (daphne) on a fresh SQLite database, with the default persona set to
 the fake providers of testing/fake_providers.py (asr fake_echo, llm fake_echo, tts fake_tone:
@@ -39,6 +39,8 @@ P50_TARGET_MS, P99_TARGET_MS = 10.0, 30.0
 SENTENCE = "what time is it"
 SILENCE_MS = 600  # the default persona's vad_min_silence_ms
 REPLY_TIMEOUT_S = 15.0
+STAGE_KEYS = ("turn_silence_ms", "turn_model_ms", "asr_done", "llm_first_token", "tts_first_audio",
+              "first_frame_sent")
 
 
 @dataclass
@@ -141,7 +143,7 @@ async def run_phase(bench: BenchServer, phase: Phase, utterance: Utterance, args
     phase.client_cpu = own_cpu_seconds() - client_cpu
     await wait_stored(bench, since, len(phase.turns))
     stored = stored_turns(bench, since)
-    for key in ("asr_done", "llm_first_token", "tts_first_audio", "first_frame_sent"):
+    for key in STAGE_KEYS:
         phase.breakdown[key] = [t[key] for t in stored.values() if key in t]
     phase.server_ms = phase.breakdown["first_frame_sent"]
     for turn in phase.turns:
@@ -166,7 +168,7 @@ def breakdown_rows(phases: list[Phase]) -> list[list[str]]:
     rows = []
     for phase in phases:
         cells = [phase.name]
-        for key in ("asr_done", "llm_first_token", "tts_first_audio", "first_frame_sent"):
+        for key in STAGE_KEYS:
             values = phase.breakdown.get(key, [])
             cells.append(f"{fmt(median(values))} / {fmt(percentile(values, 0.99))}")
         cells.append(f"{fmt(median(phase.endpoint_ms))} / {fmt(percentile(phase.endpoint_ms, 0.99))}")
@@ -183,8 +185,9 @@ def report(phases: list[Phase]) -> None:
     ))  # fmt: skip
     print("\nServer timings per stage, ms after the VAD decision (p50 / p99); last column: VAD decision")
     print(f"after the last speech frame was sent, minus the {SILENCE_MS} ms silence window:\n")
-    print(md_table(["scenario", "asr_done", "llm_first_token", "tts_first_audio", "first_frame_sent",
-                    "endpointing beyond window"], breakdown_rows(phases)))
+    print(md_table(["scenario", *STAGE_KEYS, "endpointing beyond window"], breakdown_rows(phases)))
+    print("\n(turn_model_ms: Smart Turn's run per turn, `--turn smart`; turn_silence_ms: quiet heard after the")
+    print("last voice when the turn ended, in either mode)")
     print("\nCPU: share of one core over the phase (2 cores = 200%); the load generator runs on the same cores.")
     for phase in phases:
         ok = median(phase.server_ms) <= P50_TARGET_MS and percentile(phase.server_ms, 0.99) <= P99_TARGET_MS
@@ -207,11 +210,14 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=100, help="devices talking at once")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of conversation with N devices")
     parser.add_argument("--turns", type=int, default=20, help="turns of the single device")
+    parser.add_argument("--turn", choices=("silence", "smart"), default="silence",
+                        help="the persona's turn detection (smart: Smart Turn v3.2 runs once per pause)")
     parser.add_argument("--workers", type=int, default=1, help="web workers sharing the port (needs --redis if > 1)")
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL", ""),
                         help="Redis linking the workers (its database is flushed per server start)")
     args = parser.parse_args()
-    persona = {**FAKE_PERSONA, "language": "en", "vad_min_silence_ms": SILENCE_MS, "greeting": ""}
+    persona = {**FAKE_PERSONA, "language": "en", "vad_min_silence_ms": SILENCE_MS, "greeting": "",
+               "turn_detection": args.turn}
     env = {"XIAOZHI_MAX_DEVICE_CONNECTIONS": str(args.devices + 100), "XIAOZHI_IDLE_TIMEOUT_SECONDS": "3600",
            "XIAOZHI_HARD_TIMEOUT_SECONDS": "3600"}
     with BenchServer(persona=persona, env=env, prefix="p1-", workers=args.workers, redis_url=args.redis) as bench:

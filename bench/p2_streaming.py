@@ -2,7 +2,7 @@
 decoded and VAD-checked within 60 ms of arrival (p99), none dropped. Target: N ≥ 200.
 
     .venv/bin/python bench/p2_streaming.py [--devices 50,100,150,200] [--duration 20]
-        [--mix noise,dtx] [--servers daphne,uvicorn] [--workers N --redis redis://…/<db>]
+        [--mix noise,dtx] [--servers daphne,uvicorn] [--workers N --redis redis://…/<db>] [--turn smart]
     .venv/bin/python bench/p2_streaming.py --overload --capacity C [--workers N --redis …]
 
 For each N, a fresh server (daphne, same fresh SQLite database; `--workers N` workers on one
@@ -362,6 +362,8 @@ async def run_overload(mode: ServerMode, capacity: int, mix: str, duration: floa
 def main() -> None:
     parser = argparse.ArgumentParser(description="P2: streaming capacity")
     parser.add_argument("--devices", default="50,100,150,200", help="comma-separated device counts, one step each")
+    parser.add_argument("--turn", choices=("silence", "smart"), default="silence",
+                        help="the persona's turn detection (smart: Smart Turn v3.2 on every pause of the speech)")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of streaming per step (≤ 26)")
     parser.add_argument("--mix", default="noise", help="comma-separated: noise (half the devices stream room noise, "
                                                       "no DTX), dtx (all pauses DTX); one step per mix")
@@ -378,7 +380,8 @@ def main() -> None:
         parser.error(f"--mix: one or more of {', '.join(MIXES)}")
     duration = min(args.duration, 26.0)
     modes = server_modes(args.servers, args.workers, args.redis)
-    persona = {**FAKE_PERSONA, "language": "en", "vad_min_silence_ms": SILENCE_WINDOW_MS, "greeting": ""}
+    persona = {**FAKE_PERSONA, "language": "en", "vad_min_silence_ms": SILENCE_WINDOW_MS, "greeting": "",
+               "turn_detection": args.turn}
     top = 2 * args.capacity if args.overload else max(counts)
     env = {"XIAOZHI_MAX_DEVICE_CONNECTIONS": str(top + 100), "XIAOZHI_IDLE_TIMEOUT_SECONDS": "3600",
            "XIAOZHI_HARD_TIMEOUT_SECONDS": "3600"}

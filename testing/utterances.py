@@ -16,7 +16,7 @@ with 150, 250 and 350 ms of trailing silence (probability <= 0.2). Bare sentence
 a finished turn: of 40 bare halves tried, 11 were heard as unfinished; a trailing "um" or a
 dash (which Piper reads with a level, continuing pitch) is how a speaker who pauses mid-
 sentence sounds, and is kept where it was needed. The complete sentences were all heard as
-complete (>= 0.97). So this set tests the mechanism (a held turn is not cut; a finished one
+complete (>= 0.93). So this set tests the mechanism (a held turn is not cut; a finished one
 ends early); the model's accuracy on unselected speech is a P9 figure, not a test.
 """
 from __future__ import annotations

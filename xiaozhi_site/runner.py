@@ -2,9 +2,10 @@
 Celery beat.
 
 `XIAOZHI_WORKERS` daphne processes share the port (xiaozhi_site/webserver.py: one
-SO_REUSEPORT socket each, bound here and inherited); the default is one per core when
-REDIS_URL is set, else one. `python -m xiaozhi_site.runner --web-only` starts the web workers
-alone, without preparing the database (tests and benchmarks start several workers this way).
+SO_REUSEPORT socket each, bound here and inherited; a single worker binds the port itself);
+the default is one per core when REDIS_URL is set, else one. `python -m xiaozhi_site.runner
+--web-only` starts the web workers alone, without preparing the database (tests and
+benchmarks start several workers this way).
 
 One foreground process supervises the children. Ctrl-C (or SIGTERM) stops them all:
 each child runs in its own process group, so the whole group (including Celery's pool
@@ -65,6 +66,11 @@ class Child:
 
 
 def web_children(host: str, port: int, workers: int, kind: str = "daphne") -> dict[str, Child]:
+    if workers == 1 and kind == "daphne":  # binds the port itself, as always (IPv6 too)
+        return {"web": Child([PYTHON, "-m", "daphne", "-b", host, "-p", str(port), webserver.APPLICATION])}
+    if ":" in host:
+        # daphne adopts an inherited socket as IPv4 only (Twisted's fd endpoint).
+        raise webserver.WorkerConfigError("several web workers need an IPv4 XIAOZHI_BIND (e.g. 0.0.0.0)")
     sockets = webserver.listening_sockets(host, port, workers)
     names = ["web"] if workers == 1 else [f"web-{n}" for n in range(1, workers + 1)]
     return {
@@ -73,10 +79,10 @@ def web_children(host: str, port: int, workers: int, kind: str = "daphne") -> di
     }
 
 
-def commands(host: str, port: int, workers: int = 1) -> dict[str, Child]:
+def commands() -> dict[str, Child]:
+    """The Celery worker and beat (the web workers come from web_children)."""
     celery = [PYTHON, "-m", "celery", "-A", "xiaozhi_site"]
     return {
-        **web_children(host, port, workers),
         "worker": Child([*celery, "worker", "-l", "info", "--concurrency", "2",
                          "--without-mingle", "--without-gossip"]),
         "beat": Child([*celery, "beat", "-l", "info"]),
@@ -165,10 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     except webserver.WorkerConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    try:
+        web = web_children(args.bind, args.port, workers, kind)
+    except (webserver.WorkerConfigError, OSError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if args.web_only:
-        return supervise(start(web_children(args.bind, args.port, workers, kind)))
+        return supervise(start(web))
     prepare()
-    children = start(commands(args.bind, args.port, workers))
+    children = start({**web, **commands()})
     print_banner(args.port, workers)
     return supervise(children)
 

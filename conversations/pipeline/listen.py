@@ -19,8 +19,9 @@ the engine start ASR speculatively; if speech resumes (`SpeechResumed`) it is di
 With "smart" turn detection the ear also asks, once per pause, whether the utterance is
 complete: the hearing runs the end-of-turn model (its own bounded thread pool, providers/
 turn/smart_turn.py) in a task it owns, and hands the verdict back to the ear between
-batches; "complete" ends the utterance at once. The checks of an utterance (probability,
-model time, who ended it, the silence waited) travel with it to the turn's timings.
+batches; "complete" ends the utterance at once, and finds the speculative ASR (started at
+120 ms of quiet) under way. The checks of an utterance (probability, model time, who ended
+it, the silence waited) travel with it to the turn's timings.
 """
 from __future__ import annotations
 
@@ -155,8 +156,6 @@ class Hearing:
         self._check_task: asyncio.Task[None] | None = None  # the pause's model run (at most one)
         self._verdicts: deque[tuple[int, int, TurnVerdict | None]] = deque(maxlen=4)  # (generation, check, v)
         self._checks: list[TurnVerdict] = []  # the current utterance's answers
-        self._pause_check = 0  # the current pause's check (-1: answered, 0: none asked)
-        self._held_pause: Utterance | None = None  # its pause cue, until the model has answered
         self._queue: deque[tuple[bytes, float, int] | object] = deque()  # (packet, arrival, stamp) or _FLUSH
         self._queue_packets = queue_packets
         self._wake = asyncio.Event()
@@ -290,40 +289,27 @@ class Hearing:
             if generation != self._generation:
                 return  # start/pause/mute since the batch was taken: the rest is stale
             if mark.kind == "started":
-                self._checks, self._held_pause, self._pause_check = [], None, 0
+                self._checks = []
                 self._on_event(SpeechStarted(now))
             elif mark.kind == "confirmed":
                 self._on_event(SpeechConfirmed(now))
             elif mark.kind == "check":
                 self._ask(mark, generation)
             elif mark.kind == "paused":
-                self._paused(Utterance(mark.pcm, now, mark.speech_ms))
+                self._on_event(SpeechPaused(Utterance(mark.pcm, now, mark.speech_ms)))
             elif mark.kind == "resumed":
-                self._held_pause, self._pause_check = None, 0
                 self._on_event(SpeechResumed(now))
             else:
-                self._held_pause, self._pause_check = None, 0
                 self._cancel_check()
                 turn, self._checks = self._turn_timings(mark), []
                 self._on_event(SpeechStopped(Utterance(mark.pcm, now, mark.speech_ms, packets=mark.packets, turn=turn)))
 
     # -- end of turn ------------------------------------------------------------------------
 
-    def _paused(self, utterance: Utterance) -> None:
-        """A pause: the engine's cue for speculative ASR. With the end-of-turn model the cue
-        waits for the model's answer (or goes with "incomplete"): Whisper running next to the
-        model on a small box slowed the model's answer from ~80 ms to 600-1200 ms in our runs,
-        and the answer is what ends the turn; a "complete" starts ASR at once anyway."""
-        if self._turn_model is None or self._pause_check < 0:
-            self._on_event(SpeechPaused(utterance))
-        else:
-            self._held_pause = utterance
-
     def _ask(self, mark: Mark, generation: int) -> None:
         """One model run per pause; a newer pause replaces an older run still going."""
         if self._turn_model is None:
             return
-        self._pause_check = mark.check
         self._cancel_check()
         self._check_task = self._loop.create_task(self._check(self._turn_model, mark.pcm, mark.check, generation),
                                                   name="turn-check")
@@ -348,11 +334,6 @@ class Hearing:
             if verdict is not None:
                 self._checks.append(verdict)
             marks = self._ear.verdict(check, None if verdict is None else verdict.complete)
-            if check == self._pause_check and not marks:  # this pause goes on: speculate now
-                self._pause_check = -1  # answered: a pause mark still to come goes straight out
-                held, self._held_pause = self._held_pause, None
-                if held is not None:
-                    self._on_event(SpeechPaused(held))
             self._dispatch(marks, generation)
 
     def _cancel_check(self) -> None:

@@ -230,7 +230,7 @@ async def test_the_hearing_ends_the_turn_when_the_model_says_complete(pool: Thre
     # All the audio (espeak's own tail + 420 ms) was heard before the answer came.
     assert turn["turn_checks"] == 1.0 and 150 <= turn["turn_silence_ms"] < 1500
     assert model.calls == 1
-    assert not [e for e in ears.events if isinstance(e, SpeechPaused)]  # ASR did not compete with the model
+    assert [e for e in ears.events if isinstance(e, SpeechPaused)]  # speculative ASR started at the pause
     await ears.hearing.aclose()
 
 
@@ -239,11 +239,9 @@ async def test_the_hearing_holds_an_unfinished_turn_until_the_maximum_silence(po
     ears = Listener(model, pool)
     await ears.push(silence(16000, 600) + speak("I want to order a") + silence(16000, 420))
     await asyncio.wait_for(model.asked.wait(), 30)
-    assert not [e for e in ears.events if isinstance(e, SpeechPaused)]  # the ASR cue waits for the model
     model.answer.set_result(TurnVerdict(False, 0.08, 77.0))
     await ears.push(silence(16000, 700))  # 1.1 s of quiet: still the user's turn
     assert not ears.stopped.is_set()
-    assert [e for e in ears.events if isinstance(e, SpeechPaused)]  # "incomplete": speculate meanwhile
     await ears.push(silence(16000, 700))
     await asyncio.wait_for(ears.stopped.wait(), 30)
     [stopped] = [e for e in ears.events if isinstance(e, SpeechStopped)]

@@ -55,8 +55,11 @@ def server(django_db_setup: Any, django_db_blocker: Any, fake_llm: FakeOpenAI) -
 
     with django_db_blocker.unblock():
         db_url = database_url(connection.settings_dict)
+    # Whisper on one thread: the pause's speculative ASR and the turn model run at the same
+    # moment, and 2 Whisper threads + 1 model thread oversubscribe a 2-core CI box (measured:
+    # the model's ~80 ms became 600-1,250 ms under load, docs/performance.md P9).
     env = {"DATABASE_URL": db_url, "XIAOZHI_WS_AUTH": "open", "LLM_BASE_URL": fake_llm.base_url,
-           "LLM_MODEL": "fake-model"}
+           "LLM_MODEL": "fake-model", "ASR_WHISPER_THREADS": "1"}
     with AsgiServer(env=env) as running:
         yield running
 

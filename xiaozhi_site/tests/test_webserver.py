@@ -77,6 +77,9 @@ def test_a_port_taken_by_another_program_is_an_error_and_leaks_nothing() -> None
 
 def test_each_worker_serves_the_socket_it_inherits() -> None:
     children = runner.web_children("127.0.0.1", 0, 2)
+    (uvicorn,) = runner.web_children("127.0.0.1", 0, 1, "uvicorn").values()
+    assert uvicorn.fds  # uvicorn always serves an inherited socket
+    uvicorn.sockets[0].close()
     try:
         assert sorted(children) == ["web-1", "web-2"]
         for child in children.values():
@@ -88,6 +91,13 @@ def test_each_worker_serves_the_socket_it_inherits() -> None:
         for child in children.values():
             for sock in child.sockets:
                 sock.close()
+
+
+def test_one_daphne_binds_the_port_itself_and_ipv6_needs_one_worker() -> None:
+    (web,) = runner.web_children("::", 8000, 1).values()
+    assert web.command[-5:] == ["-b", "::", "-p", "8000", webserver.APPLICATION] and web.fds == ()
+    with pytest.raises(WorkerConfigError, match="IPv4"):
+        runner.web_children("::", 8000, 2)
 
 
 def test_the_runner_refuses_several_workers_without_redis(monkeypatch: pytest.MonkeyPatch,
