@@ -6,7 +6,7 @@ read from). The stored key never reaches a page, the admin history (which record
 field names only) or a log line. A configuration a persona uses cannot be deleted (PROTECT);
 Django's delete page then lists the chains that hold it.
 
-A persona's chains are three inlines over PersonaProvider, one per stage, each ordered by
+A persona's chains are four inlines over PersonaProvider, one per stage (vision may be empty), each ordered by
 `position`; chain_order.js adds up/down buttons that move rows and renumber positions.
 """
 from __future__ import annotations
