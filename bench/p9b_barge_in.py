@@ -7,7 +7,8 @@ device's own echo.
 Starts the real server (daphne) on a fresh SQLite database; the default persona gets asr
 ["faster_whisper"], llm ["openai"] pointed at FakeOpenAI (a long reply, first token after
 200 ms) and tts ["espeak"], with the default barge-in settings (180 ms at VAD ≥ 0.8) and
-a fixed 500 ms silence window (the end-of-turn model would end the turn at "Stop,"). One
+a fixed 800 ms silence window (the end-of-turn model would end the turn at "Stop,", and the
+comma pause of ~330 ms comes close to a 500 ms window). One
 SimulatedDevice announces `features.aec` over binary protocol v2 and listens in realtime mode
 with its microphone always on; its echo path plays every downlink frame back into the
 microphone (delay, gain and four decaying reflections) and stamps its uplink with the
@@ -171,7 +172,7 @@ def main() -> None:
     parser.add_argument("--echo-gain", type=float, default=0.5, help="level of the echo's direct path")
     args = parser.parse_args()
     persona = {"asr_providers": ["faster_whisper"], "llm_providers": ["openai"], "tts_providers": ["espeak"],
-               "language": "en", "greeting": "", "exit_phrases": [], "vad_min_silence_ms": 500,
+               "language": "en", "greeting": "", "exit_phrases": [], "vad_min_silence_ms": 800,
                "turn_detection": "silence"}  # "Stop," is a whole turn to the end-of-turn model
     result = Result()
     with FakeOpenAI(default=Reply(text=LONG_REPLY, first_token_delay=FIRST_TOKEN_S)) as fake:

@@ -6,7 +6,7 @@ read from). The stored key never reaches a page, the admin history (which record
 field names only) or a log line. A configuration a persona uses cannot be deleted (PROTECT);
 Django's delete page then lists the chains that hold it.
 
-A persona's chains are three inlines over PersonaProvider, one per stage, each ordered by
+A persona's chains are four inlines over PersonaProvider, one per stage (vision may be empty), each ordered by
 `position`; chain_order.js adds up/down buttons that move rows and renumber positions.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseForbidden, JsonResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.cache import never_cache
@@ -233,7 +234,7 @@ async def persona_test_view(request: HttpRequest, object_id: str) -> HttpRespons
 @admin.register(ProviderConfig)
 class ProviderConfigAdmin(admin.ModelAdmin):
     form = ProviderConfigAdminForm
-    list_display = ("name", "stage", "kind", "endpoint", "model", "api_key_status", "used_by")
+    list_display = ("name", "stage", "kind", "test_button", "endpoint", "model", "key_column", "used_by")
     list_filter = ("stage", "kind")
     search_fields = ("name", "kind", "base_url", "model")
     readonly_fields = ("api_key_status", "option_help", "created_at", "updated_at")
@@ -270,6 +271,11 @@ class ProviderConfigAdmin(admin.ModelAdmin):
     def api_key_status(self, config: ProviderConfig) -> str:
         return key_status(config)
 
+    @admin.display(description=_("API key"))
+    def key_column(self, config: ProviderConfig) -> str:
+        """The list's short form: an `env:` reference names no secret, so it is shown as is."""
+        return f"env:{config.key_env_name}" if config.key_env_name else key_status(config)
+
     @admin.display(description=_("base URL"))
     def endpoint(self, config: ProviderConfig) -> str:
         return config.base_url or gettext("(environment)")
@@ -277,6 +283,15 @@ class ProviderConfigAdmin(admin.ModelAdmin):
     @admin.display(description=_("used by personas"), ordering="persona_count")
     def used_by(self, config: ProviderConfig) -> int:
         return getattr(config, "persona_count", 0)
+
+    @admin.display(description=_("Test"))
+    def test_button(self, config: ProviderConfig) -> str:
+        """A Test button per row (provider_test.js; the labels come with the list's template)."""
+        return format_html(
+            '<span data-probe-panel class="probe-cell"><button type="button" class="button" data-probe-url="{}">{}'
+            '</button> <output data-probe-output aria-live="polite"></output>'
+            '<audio data-probe-audio controls hidden></audio></span>',
+            reverse("admin:conversations_providerconfig_test", args=[config.pk]), gettext("Test"))
 
     @admin.display(description=_("options this kind accepts"))
     def option_help(self, config: ProviderConfig) -> str:

@@ -40,6 +40,11 @@ class EspeakOptions(NoOptions):
     speed: int = Field(175, ge=80, le=450)
 
 
+class PiperOptions(NoOptions):
+    voices_dir: str = Field("", max_length=500)  # empty: XIAOZHI_PIPER_VOICES_DIR
+    threads: int = Field(1, ge=1, le=8)  # ONNX threads per synthesis
+
+
 OPTIONS: dict[tuple[str, str], type[NoOptions]] = {
     ("asr", "faster_whisper"): FasterWhisperOptions,
     ("asr", "openai"): OpenAIOptions,
@@ -47,6 +52,7 @@ OPTIONS: dict[tuple[str, str], type[NoOptions]] = {
     ("tts", "openai"): OpenAIOptions,
     ("tts", "edge"): EdgeOptions,
     ("tts", "espeak"): EspeakOptions,
+    ("tts", "piper"): PiperOptions,
     ("vision", "openai"): OpenAIOptions,
 }
 

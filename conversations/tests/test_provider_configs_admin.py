@@ -106,6 +106,8 @@ def test_an_env_reference_is_shown_by_name_and_resolved_at_use(staff: Client, mo
     staff.post(reverse("admin:conversations_providerconfig_add"), config_form(new_api_key="env:DEEPSEEK_API_KEY"))
     config = ProviderConfig.objects.get(name="DeepSeek")
     page = staff.get(reverse("admin:conversations_providerconfig_changelist")).content.decode()
+    assert "env:DEEPSEEK_API_KEY" in page
+    page = staff.get(reverse("admin:conversations_providerconfig_change", args=[config.pk])).content.decode()
     assert "from the environment variable DEEPSEEK_API_KEY" in page
     monkeypatch.setenv("DEEPSEEK_API_KEY", SECRET)
     spec = provider_spec(config, {"llm.openai": {"base_url": "http://env/", "api_key": "env-key", "timeout": 5}})

@@ -173,3 +173,10 @@ def test_the_voice_picker_lists_an_engines_voices_for_a_language(staff: Client) 
     persona = PersonaFactory(tts_providers=["piper", "espeak"])
     page = staff.get(reverse("admin:conversations_persona_change", args=[persona.pk])).content.decode()
     assert 'data-kinds="piper,espeak"' in page and 'data-language-source="id_language"' in page
+
+
+def test_every_configuration_has_a_test_button_in_the_list(staff: Client) -> None:
+    config = ProviderConfig.objects.create(name="espeak", stage="tts", kind="espeak")
+    page = staff.get(reverse("admin:conversations_providerconfig_changelist")).content.decode()
+    assert f'data-probe-url="{probe_url(config)}"' in page and "provider_test.js" in page
+    assert 'id="provider-test-labels"' in page

@@ -72,6 +72,19 @@ def test_an_operator_tests_a_voice_and_a_persona_and_hears_them(
         browser.js("document.getElementById('id_voice').scrollIntoView()")
         browser.screenshot("voice-picker")
 
+        # The list: each configuration has its own Test button.
+        browser.open("/admin/conversations/providerconfig/")
+        browser.js(f"document.querySelector('button[data-probe-url*=\"/{llm.pk}/test/\"]').click()")
+        cell = f"document.querySelector('button[data-probe-url*=\"/{llm.pk}/test/\"]').parentNode"
+        browser.wait_for(lambda: "Hello from the stub." in browser.js(f"return {cell}.textContent"),
+                         what="the LLM's answer in the list", timeout=20)
+        browser.js(f"document.querySelector('button[data-probe-url*=\"/{espeak.pk}/test/\"]').click()")
+        row_audio = f"button[data-probe-url*='/{espeak.pk}/test/'] ~ audio"
+        browser.wait_for(lambda: browser.js(f"return document.querySelector(\"{row_audio}\").src"),
+                         what="the list's audio", timeout=20)
+        assert "failed" not in play(browser, row_audio)
+        browser.screenshot("config-list-tests")
+
         # A whole persona: one row per configuration, the TTS row playable.
         browser.open(f"/admin/conversations/persona/{persona.pk}/change/")
         browser.js("document.getElementById('persona-test-button').click()")
