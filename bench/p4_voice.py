@@ -15,8 +15,9 @@ Starts the real server (daphne) on a fresh SQLite database; the default persona 
 OpenAI-compatible HTTP server streaming "😊 Sure, ..." after 200 ms) and tts [--tts]. One
 SimulatedDevice (the firmware model: real-time Opus uplink encoded as the device does,
 downlink decoded through the device's 40-frame queue) asks `--turns` different questions
-(spoken by espeak-ng on the device side, whatever the server's TTS) in auto mode, after one
-unmeasured warm-up turn (it loads Whisper and the Piper voice).
+(spoken on the device side by espeak-ng, or Piper with `--speech piper`, whatever the
+server's TTS) in auto mode, after one unmeasured warm-up turn (it loads Whisper and the
+Piper voice).
 
 Measured on the device: first reply audio frame received − the moment the uplink frame
 holding the last speech sample was sent (speech end, at 60 ms resolution). The persona's
@@ -78,6 +79,7 @@ class Result:
     silence_ms: int
     tts: str
     turn: str = "silence"
+    speech: str = "espeak"
     turns: list[Turn] = field(default_factory=list)
     timings: list[dict[str, float]] = field(default_factory=list)
     served: Counter[str] = field(default_factory=Counter)  # TTS provider per stored turn
@@ -139,18 +141,22 @@ def report(result: Result) -> None:
     print("TTS that spoke the measured turns: " + ", ".join(f"{k} ×{n}" for k, n in result.served.items()) + "\n")
     rows = [[t.question, t.heard.strip(), f"{t.speech_s:.2f}", fmt(t.latency_ms if t.latency_ms else float("nan"))]
             for t in result.turns]
-    print(md_table(["question (espeak)", "server heard", "speech s", "end of speech → first frame ms"], rows,
-                   align="llrr"))
+    print(md_table([f"question ({result.speech})", "server heard", "speech s", "end of speech → first frame ms"],
+                   rows, align="llrr"))
     lat = result.latencies
     print()
+    waited = "the end-of-turn wait (turn_silence_ms p50)" if result.turn == "smart" else "the silence window"
+    wait_ms = (median([t["turn_silence_ms"] for t in result.timings if "turn_silence_ms" in t])
+               if result.turn == "smart" else float(result.silence_ms))
     print(md_table(["figure", "p50 ms", "p90 ms", "max ms"], [
         ["end of speech → first reply frame (device)", fmt(median(lat)), fmt(percentile(lat, 0.9)),
          fmt(max(lat, default=float("nan")))],
-        ["  minus the silence window", fmt(median(lat) - result.silence_ms),
-         fmt(percentile(lat, 0.9) - result.silence_ms), fmt(max(lat, default=float("nan")) - result.silence_ms)],
+        [f"  minus {waited}", fmt(median(lat) - wait_ms),
+         fmt(percentile(lat, 0.9) - wait_ms), fmt(max(lat, default=float("nan")) - wait_ms)],
+        *[[f"server: end of turn, {key}", fmt(median(v)), fmt(percentile(v, 0.9)), fmt(max(v, default=float("nan")))]
+          for key in ("turn_silence_ms", "turn_model_ms") if (v := [t[key] for t in result.timings if key in t])],
         *[[f"server: VAD decision → {key}", fmt(median(v)), fmt(percentile(v, 0.9)), fmt(max(v, default=float("nan")))]
-          for key in ("turn_silence_ms", "turn_model_ms", "asr_done", "llm_first_token", "tts_first_audio",
-                      "first_frame_sent")
+          for key in ("asr_done", "llm_first_token", "tts_first_audio", "first_frame_sent")
           if (v := [t[key] for t in result.timings if key in t])],
     ]))  # fmt: skip
     print()
@@ -176,7 +182,7 @@ def main() -> None:
     persona = {"asr_providers": ["faster_whisper"], "llm_providers": ["openai"], "tts_providers": [args.tts],
                "language": "en", "greeting": "", "exit_phrases": [], "vad_min_silence_ms": args.silence_ms,
                "turn_detection": args.turn}
-    result = Result(args.silence_ms, args.tts, args.turn)
+    result = Result(args.silence_ms, args.tts, args.turn, args.speech)
     with FakeOpenAI(default=Reply(text=ANSWER, first_token_delay=FIRST_TOKEN_S)) as fake:
         env = {"LLM_BASE_URL": fake.base_url, "LLM_MODEL": "fake-model"}
         with BenchServer(persona=persona, env=env, prefix="p4-") as bench:

@@ -1,6 +1,7 @@
 """P9 — turn taking: semantic end of turn (Smart Turn v3.2) against the fixed silence window.
 
     .venv/bin/python bench/p9_turn_taking.py [--pause-ms 200] [--max-silence-ms 1500] [--silence-ms 600]
+                                             [--asr-threads 2] [--limit N]
 
 The shared utterances of testing/utterances.py (Piper en_US, 10 with a 600-900 ms pause in
 the middle of the sentence, 10 complete) are asked by one SimulatedDevice (real-time Opus
@@ -118,7 +119,8 @@ def split_turns(mode: Mode) -> tuple[int, list[dict[str, float]]]:
 
 def report(modes: list[Mode], args: argparse.Namespace) -> None:
     print(header("P9 — turn taking: Smart Turn v3.2 against a fixed silence window"))
-    print(f"Piper en_US joe (testing/utterances.py), faster-whisper tiny.en, LLM stub, espeak-ng; smart: pause "
+    print(f"Piper en_US joe (testing/utterances.py), faster-whisper tiny.en ({args.asr_threads} threads), LLM stub, "
+          f"espeak-ng; smart: pause "
           f"{args.pause_ms} ms, maximum silence {args.max_silence_ms} ms; silence: {args.silence_ms} ms\n")
     rows, waits = [], {}
     for mode in modes:
@@ -150,6 +152,7 @@ def main() -> None:
     parser.add_argument("--max-silence-ms", type=int, default=1500, help="smart: turn_max_silence_ms")
     parser.add_argument("--silence-ms", type=int, default=600, help="silence: vad_min_silence_ms")
     parser.add_argument("--limit", type=int, default=0, help="ask only the first N paused and N complete (smoke)")
+    parser.add_argument("--asr-threads", type=int, default=2, help="ASR_WHISPER_THREADS of the server (2: its default)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="p9-piper-") as cache:
         utterances = build_utterances(Path(cache))
@@ -167,7 +170,7 @@ def main() -> None:
     }
     modes = [Mode("smart"), Mode("silence")]
     with FakeOpenAI(default=Reply(text="Okay.")) as fake:
-        env = {"LLM_BASE_URL": fake.base_url, "LLM_MODEL": "fake-model"}
+        env = {"LLM_BASE_URL": fake.base_url, "LLM_MODEL": "fake-model", "ASR_WHISPER_THREADS": str(args.asr_threads)}
         with BenchServer(persona={**base, **settings["smart"]}, env=env, prefix="p9-") as bench:
             for index, mode in enumerate(modes):
                 bench.persona = {**base, **settings[mode.name]}
