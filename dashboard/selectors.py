@@ -30,6 +30,8 @@ DEFAULT_RANGE = "24h"
 FIVE_MINUTES = timedelta(minutes=5)
 
 STAGE_LABELS = {
+    # The quiet heard after the user's last word before the turn ended (fixed window or Smart Turn).
+    "turn_silence_ms": _("End of speech → turn ended"),
     "asr_done": _("End of speech → ASR done"),
     "llm_first_token": _("End of speech → LLM first token"),
     "tts_first_audio": _("End of speech → TTS first audio"),
@@ -39,7 +41,7 @@ STAGE_LABELS = {
     "total_ms": _("Text in → reply done"),
 }
 GATEWAY_STAGE_LABELS = {"llm_first_token": _("Text in → LLM first token")}
-DEVICE_STAGES = ("asr_done", "llm_first_token", "tts_first_audio", "first_frame_sent")
+DEVICE_STAGES = ("turn_silence_ms", "asr_done", "llm_first_token", "tts_first_audio", "first_frame_sent")
 GATEWAY_STAGES = ("llm_first_token", "llm_ms", "total_ms")
 HISTOGRAM_STAGE = "first_frame_sent"
 STAGE_PROVIDER = {"asr_done": "asr", "llm_first_token": "llm", "llm_ms": "llm", "total_ms": "llm",

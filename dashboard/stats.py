@@ -18,7 +18,7 @@ from dashboard import histogram
 # Turn.timings keys the dashboard reads (ms after the end of the user's speech; gateway turns
 # record llm_ms and total_ms from the text arriving, and llm_first_token if the gateway does).
 TIMING_KEYS = ("asr_done", "llm_first_token", "tts_first_audio", "first_frame_sent", "last_frame_sent",
-               "llm_ms", "total_ms")
+               "llm_ms", "total_ms", "turn_silence_ms")
 PROVIDER_STAGES = ("asr", "llm", "tts")
 FAILED_STAGES = ("asr", "llm")  # the pipeline writes "asr: ..." / "llm: ..." into Turn.error
 EXACT_LIMIT = 100_000  # above this many values per stage, exact values are dropped (memory)

@@ -19,7 +19,7 @@ from conversations.tests.factories import PersonaFactory
 pytestmark = pytest.mark.django_db
 
 NOW = datetime(2026, 11, 20, 12, 45, tzinfo=UTC)
-STAGES = ("asr_done", "llm_first_token", "tts_first_audio", "first_frame_sent")
+STAGES = ("turn_silence_ms", "asr_done", "llm_first_token", "tts_first_audio", "first_frame_sent")
 
 
 def at(hour: int, minute: int) -> datetime:
@@ -80,7 +80,8 @@ def test_odd_json_in_a_turn_is_skipped_not_an_error() -> None:
     turn(conv, at=at(12, 3), tool_calls=[{"name": "lamp"}, "junk", {"success": True}])
     figures = latency_figures("1h", now=NOW)
     counts = {s.key: s.count for s in figures.device_stages}
-    assert counts == {"asr_done": 1, "llm_first_token": 0, "tts_first_audio": 0, "first_frame_sent": 0}
+    assert counts == {"turn_silence_ms": 0, "asr_done": 1, "llm_first_token": 0, "tts_first_audio": 0,
+                      "first_frame_sent": 0}
     assert figures.all_turns.turns == 3
     assert {t.name: (t.calls, t.failures) for t in figures.tools} == {"lamp": (1, 1), "?": (1, 0)}
 
@@ -106,6 +107,7 @@ def _random_history(count: int, hours: int, seed: int = 7) -> dict[str, list[flo
         timings = {"speech_end": 0.0, "asr_done": asr, "llm_first_token": round(asr + rng.lognormvariate(5.5, 0.6), 1)}
         timings["tts_first_audio"] = round(timings["llm_first_token"] + rng.lognormvariate(4.5, 0.7), 1)
         timings["first_frame_sent"] = round(timings["tts_first_audio"] + rng.uniform(0.5, 20.0), 1)
+        timings["turn_silence_ms"] = round(rng.uniform(150.0, 1500.0), 1)
         turn(conv, at=NOW - timedelta(minutes=rng.uniform(0, hours * 60)), timings=timings)
         for stage in STAGES:
             values[stage].append(timings[stage])
