@@ -8,7 +8,7 @@ from conversations.pipeline import phrases
 from conversations.pipeline.commands import activation_text
 from conversations.providers.tts.edge import pick_voice
 from conversations.providers.tts.espeak import EspeakTTS
-from conversations.providers.tts.voices import EDGE_VOICES, ESPEAK_VOICES, PIPER_VOICES, base_language, voice_for
+from conversations.providers.tts.voices import EDGE_VOICES, ESPEAK_VOICES, PIPER_VOICES, base_language
 
 
 @pytest.mark.parametrize("language", ["zh", "zh-CN", "zh_CN", "zh-Hans", "ZH"])
@@ -93,6 +93,8 @@ def test_edge_picks_its_voice_by_language_when_the_persona_names_none(voice: str
 
 
 def test_every_engine_has_a_voice_for_chinese_and_english() -> None:
-    for table in (ESPEAK_VOICES, EDGE_VOICES, PIPER_VOICES):
+    for table in (ESPEAK_VOICES, EDGE_VOICES):
         assert {"zh", "en"} <= table.keys()
-    assert voice_for(PIPER_VOICES, "ko") == PIPER_VOICES["en"]  # Piper has no Korean voice
+    # Piper lists only the voice it ships (en_US); a Chinese persona's chain moves on to the
+    # next engine instead of reading Chinese with it (test_tts_piper.py).
+    assert PIPER_VOICES.keys() == {"en"}

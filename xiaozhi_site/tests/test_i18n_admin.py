@@ -232,6 +232,14 @@ def _actions(client: Client, model_admin: admin.ModelAdmin, name: str, obj: mode
         yield f"{name} action {action}", response
 
 
+def _empty_inlines(client: Client, url: str) -> dict[str, str]:
+    """Management form data for every inline of an add page, each with no rows, so the post
+    reaches the form's own validation (the inlines' number changes as the model grows)."""
+    page = client.get(url).content.decode()
+    prefixes = set(re.findall(r'name="([\w-]+)-TOTAL_FORMS"', page))
+    return {f"{prefix}-{field}": "0" for prefix in prefixes for field in ("TOTAL_FORMS", "INITIAL_FORMS")}
+
+
 def submitted_forms(client: Client, fleet: dict[str, models.Model]) -> Iterator[tuple[str, Any]]:
     """Forms sent with mistakes, so their error messages are on the page."""
     yield "bind: malformed code", client.post(reverse("admin:devices_device_bind"), {"code": "12"}, **CHINESE)
@@ -241,9 +249,9 @@ def submitted_forms(client: Client, fleet: dict[str, models.Model]) -> Iterator[
     csv = SimpleUploadedFile("keys.csv", b"SN1,short\nSN2\n", content_type="text/csv")
     yield "key upload: bad rows", client.post(reverse("admin:devices_devicekey_upload"), {"file": csv},
                                               follow=True, **CHINESE)
-    yield "persona add: empty", client.post(reverse("admin:conversations_persona_add"),
-                                            {"asr_providers": "nope", "vad_threshold": "0.2",
-                                             "vad_threshold_low": "0.5"}, **CHINESE)
+    persona_add = reverse("admin:conversations_persona_add")
+    yield "persona add: empty", client.post(persona_add, {**_empty_inlines(client, persona_add), "vad_threshold": "0.2",
+                                                          "vad_threshold_low": "0.5"}, **CHINESE)
     yield "firmware add: not an image", client.post(
         reverse("admin:devices_firmwarerelease_add"),
         {"board_type": "bread-compact-wifi", "version": "v2", "rollout_percent": "100",
