@@ -33,6 +33,7 @@ from django.urls import URLPattern, reverse
 from django.utils import timezone
 
 from conversations.models import Conversation, Persona, Turn
+from conversations.providers.registry import REGISTRY
 from devices.models import ActivationCode, Device, DeviceKey
 from devices.tests.factories import FirmwareReleaseFactory
 from tools.models import McpServer, McpTool
@@ -171,6 +172,8 @@ def zh_admin(client: Client, fleet: dict[str, models.Model]) -> Client:
 def data_words() -> set[str]:
     """Words of every stored value (text and JSON): shown on the pages as data, not labels."""
     words: set[str] = set(TYPED_WORDS)
+    # Provider kinds ("edge", "piper", the tests' "fail") are names, shown as they are.
+    words.update(kind.casefold() for stage in REGISTRY.values() for kind in stage)
     kinds = (models.CharField, models.TextField, models.JSONField)
     for model in [*project_models(), get_user_model()]:
         # Fields with choices are shown by their (translated) label, not their stored value.
