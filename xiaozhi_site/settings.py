@@ -417,6 +417,7 @@ XIAOZHI_AUDIO_RETENTION_DAYS = envint("XIAOZHI_AUDIO_RETENTION_DAYS", 30, minimu
 XIAOZHI_CONVERSATION_RETENTION_DAYS = envint("XIAOZHI_CONVERSATION_RETENTION_DAYS", 0, minimum=0)
 
 # --- LLM Gateway (text API) --------------------------------------------------------------
+# Per web worker process (a protection limit); a key's own limits hold over all workers.
 CLOUD_MAX_CONNECTIONS = envint("CLOUD_MAX_CONNECTIONS", 100, minimum=1)
 CLOUD_MAX_MESSAGE_BYTES = envint("CLOUD_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=1024)
 CLOUD_PING_INTERVAL = envfloat("CLOUD_PING_INTERVAL", 30.0, minimum=0.1)

@@ -6,8 +6,9 @@ The consumer checks it before the connection takes a slot (CLOUD_MAX_CONNECTIONS
 any LLM or tool work; there is no unauthenticated state to linger in. The database side
 (create, look up, revoke) is `keys.py`; this module has no ORM.
 
-Limits are counted in this process, like CLOUD_MAX_CONNECTIONS and the session store (see
-store.py: the product runs one daphne process; several would count per process).
+KeyLimits counts the per-key limits in this process: what a server without Redis (one web
+process) uses. With REDIS_URL every web worker counts in Redis instead (limits.py), so the
+limits hold across workers; CLOUD_MAX_CONNECTIONS stays per process (consumer.py).
 """
 from __future__ import annotations
 
@@ -92,6 +93,7 @@ class KeyGrant:
     max_connections: int
     system_prompt: str = ""  # from the key's persona; empty: the gateway's default prompt
     persona_id: int | None = None  # whose LLM chain the connection uses (None: the default persona's)
+    prefix: str = ""  # the key's stored prefix: with key_id, names its counts in Redis (limits.py)
 
 
 # -- per-key limits ------------------------------------------------------------------------------
@@ -104,7 +106,8 @@ class _Bucket:
 
 
 class KeyLimits:
-    """Each key's live connections and its request rate, in this process.
+    """Each key's live connections and its request rate, in this process (limits.py counts
+    over all workers in Redis with the same rules).
 
     The rate is a token bucket: a key may send up to `requests_per_minute` text_input at once,
     and gets them back at that many per minute. The bucket outlives the key's connections,

@@ -3,7 +3,9 @@
 connect → authenticate the API key (auth.py; CLOUD_AUTH=required: accept, then `error`
 UNAUTHORIZED and close 4001 without a valid key) → admit (the key's connection cap, then
 CLOUD_MAX_CONNECTIONS, seed §11.1: close 1013 when full) and start a session; receive → the
-key's rate limit for `text_input`, then `session.feed()`; disconnect → `session.aclose()`.
+key's rate limit for `text_input`, then `session.feed()`; disconnect → `session.aclose()`
+and the key's slot back. The per-key counts hold over every web worker (limits.py: in Redis
+with REDIS_URL); CLOUD_MAX_CONNECTIONS is a per-process protection limit, counted here.
 Process-wide pieces live here because they need settings: the connection counters, the
 session store (store.py explains why it is in-process) and one LLM client per event loop
 (building an OpenAI client costs ~35 ms of TLS setup, too much to pay on every connection).
@@ -26,12 +28,12 @@ from conversations.gateway.auth import (
     CLOSE_UNAUTHORIZED,
     AuthErrorCode,
     KeyGrant,
-    KeyLimits,
     credential,
     error_message,
     is_text_input,
 )
 from conversations.gateway.keys import gateway_key_authenticate, key_group
+from conversations.gateway.limits import KeyLimiter, KeySlot
 from conversations.gateway.protocol import ErrorCode
 from conversations.gateway.services import GatewayLLM, gateway_characters, gateway_llm, gateway_llm_chain
 from conversations.gateway.session import GatewaySession
@@ -81,13 +83,14 @@ def gateway_config(characters: list[dict[str, str]], system_prompt: str = "", mo
 
 
 class _Process:
-    """Per-process state: live connection counts, the session store, the shared LLM chains
-    (one per chain of configurations: personas sharing configurations share clients and the
-    failed-provider cooldowns)."""
+    """Per-process state: live connection counts, the key limiter (its counts shared by the
+    workers when Redis links them), the session store, the shared LLM chains (one per chain of
+    configurations: personas sharing configurations share clients and the failed-provider
+    cooldowns)."""
 
     def __init__(self) -> None:
         self.connections = 0
-        self.keys = KeyLimits()
+        self.keys = KeyLimiter.for_url(settings.REDIS_URL)
         self.store = SessionStore(timeout=3600.0, cleanup_interval=60.0, on_expired=_conversations_end)
         self.history = HISTORY
         # (specs) -> chain; replaceable, e.g. by a test
@@ -163,6 +166,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     session: GatewaySession | None = None
     admitted: bool = False
     grant: KeyGrant | None = None  # the authenticated key (None with CLOUD_AUTH=open)
+    key_slot: KeySlot | None = None  # this connection's place in its key's count
     revoked: bool = False
 
     async def connect(self) -> None:
@@ -208,17 +212,18 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         return grant
 
     async def _admit(self) -> bool:
-        """The key's connection cap, then the process's (no await between the two counts)."""
+        """The key's connection cap (over all workers), then the process's."""
         grant = self.grant
-        if grant is not None and not PROCESS.keys.open(grant):
-            log.warning("gateway connection refused, key connection cap", extra={"key_id": grant.key_id})
-            details = f"this key may hold {grant.max_connections} connections at once"
-            error = error_message(AuthErrorCode.RATE_LIMITED, "Too many connections for this key", details)
-            await self._refuse(error, CLOSE_TRY_AGAIN_LATER, "too many connections for this key")
-            return False
-        if not PROCESS.admit():
-            if grant is not None:
-                PROCESS.keys.close(grant.key_id)
+        if grant is not None:
+            self.key_slot = await PROCESS.keys.open(grant)
+            if self.key_slot is None:
+                log.warning("gateway connection refused, key connection cap", extra={"key_id": grant.key_id})
+                details = f"this key may hold {grant.max_connections} connections at once"
+                error = error_message(AuthErrorCode.RATE_LIMITED, "Too many connections for this key", details)
+                await self._refuse(error, CLOSE_TRY_AGAIN_LATER, "too many connections for this key")
+                return False
+        if not PROCESS.admit():  # synchronous: no await between its check and its count
+            await self._close_key_slot()
             log.warning("gateway connection refused, limit reached", extra={"limit": settings.CLOUD_MAX_CONNECTIONS})
             await self.close(code=CLOSE_TRY_AGAIN_LATER, reason="too many connections")
             return False
@@ -262,7 +267,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.session.feed_bytes(bytes_data)
 
     async def _request_allowed(self, grant: KeyGrant) -> bool:
-        wait = PROCESS.keys.request(grant)
+        wait = await PROCESS.keys.request(grant)
         if not wait:
             return True
         log.info("gateway request refused, key rate limit", extra={"key_id": grant.key_id})
@@ -274,9 +279,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         session, self.session = self.session, None
         admitted, self.admitted = self.admitted, False
-        if admitted and self.grant is not None:
-            PROCESS.keys.close(self.grant.key_id)  # before any await: a cancelled disconnect keeps no slot
         try:
+            await self._close_key_slot()
             if session is not None:
                 await session.aclose()
         finally:
@@ -284,6 +288,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 await PROCESS.release()
                 if self.grant is not None:
                     await self._leave_key_group(self.grant.key_id)
+
+    async def _close_key_slot(self) -> None:
+        """Give the key's slot back. Its refresh stops and a count in this process drops
+        before the first suspension, so a cancelled disconnect keeps no slot here (one in
+        Redis expires by itself, SLOT_TTL)."""
+        slot, self.key_slot = self.key_slot, None
+        if slot is not None:
+            await PROCESS.keys.close(slot)
 
     async def _leave_key_group(self, key_id: int) -> None:
         try:

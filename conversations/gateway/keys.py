@@ -64,6 +64,7 @@ def gateway_key_authenticate(secret: str) -> KeyGrant | None:
         max_connections=key.max_connections,
         system_prompt=_persona_prompt(key.persona, key.name) if key.persona else "",
         persona_id=key.persona_id,
+        prefix=key.prefix,
     )
 
 
