@@ -33,6 +33,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_protect
 
 from conversations.models import CHAIN_STAGES, DEFAULT_CHAINS, LANGUAGES, Persona, PersonaProvider, ProviderConfig
+from conversations.pipeline.config import persona_llm_model
 from conversations.probes import ProbeResult, probe
 from conversations.provider_configs import (
     default_config_name,
@@ -219,7 +220,7 @@ async def persona_test_view(request: HttpRequest, object_id: str) -> HttpRespons
     chains.sort(key=lambda pair: order[pair[0].stage])
     results = await asyncio.gather(*(
         probe(config.stage, spec, language=persona.language, voice=persona.voice,
-              model=persona.llm_model or settings.LLM_MODEL)
+              model=persona_llm_model(persona.llm_model, settings.LLM_MODEL))
         for config, spec in chains
     ))
     rows = []

@@ -101,7 +101,10 @@ class ProviderConfig(models.Model):
     api_key = models.CharField(_("API key"), max_length=500, blank=True, validators=[validate_api_key])
     model = models.CharField(
         _("model"), max_length=200, blank=True,
-        help_text=_("LLM: the model name; ASR faster_whisper: a model directory. Empty: the default."),
+        help_text=_(
+            "LLM: the model name, asked of this endpoint even when the persona names another; empty: "
+            "the persona's LLM model, else LLM_MODEL. ASR faster_whisper: a model directory; empty: the default."
+        ),
     )
     voice = models.CharField(
         _("voice"), max_length=100, blank=True, help_text=_("TTS: used when the persona names no voice."),
@@ -170,7 +173,9 @@ class Persona(models.Model):
     # Ordered fallback lists of provider configurations: PersonaProvider rows.
 
     llm_model = models.CharField(
-        _("LLM model"), max_length=100, blank=True, help_text=_("Empty: LLM_MODEL from the environment.")
+        _("LLM model"), max_length=100, blank=True,
+        help_text=_("Asked of the LLM configurations that name no model of their own (a configuration's "
+                    "model wins for its endpoint). Empty: LLM_MODEL from the environment."),
     )
     temperature = models.FloatField(
         _("temperature"), default=0.7, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)]

@@ -170,7 +170,7 @@ async def run(config: SessionConfig, message: str, history: list[tuple[str, str]
     try:
         toolset, state = build_toolset(config)
         thinker = Thinker(
-            persona=persona, device=config.device, toolset=toolset, model=persona.llm_model or config.llm_model,
+            persona=persona, device=config.device, toolset=toolset, model=config.model,
             tool_state=state, first_token_timeout=config.llm_first_token_timeout,
             inter_token_timeout=config.llm_inter_token_timeout,
         )

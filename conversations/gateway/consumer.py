@@ -33,7 +33,7 @@ from conversations.gateway.auth import (
 )
 from conversations.gateway.keys import gateway_key_authenticate, key_group
 from conversations.gateway.protocol import ErrorCode
-from conversations.gateway.services import gateway_characters, gateway_llm_chain, gateway_llm_specs
+from conversations.gateway.services import GatewayLLM, gateway_characters, gateway_llm, gateway_llm_chain
 from conversations.gateway.session import GatewaySession
 from conversations.gateway.session_config import SYSTEM_PROMPT, GatewayConfig
 from conversations.gateway.store import SessionStore
@@ -54,9 +54,10 @@ log = logging.getLogger(__name__)
 CLOSE_INTERNAL_ERROR = 1011
 
 
-def gateway_config(characters: list[dict[str, str]], system_prompt: str = "") -> GatewayConfig:
+def gateway_config(characters: list[dict[str, str]], system_prompt: str = "", model: str = "") -> GatewayConfig:
+    """`model`: the persona's (`GatewayLLM.model`); empty: LLM_MODEL."""
     return GatewayConfig(
-        model=settings.LLM_MODEL,
+        model=model or settings.LLM_MODEL,
         llm_timeout=settings.LLM_TIMEOUT,
         llm_inter_token_timeout=settings.LLM_INTER_TOKEN_TIMEOUT,
         temperature=settings.LLM_TEMPERATURE,
@@ -130,9 +131,9 @@ class _Process:
             await llm.aclose()
 
 
-def _session_data(persona_id: int | None) -> tuple[list[dict[str, str]], tuple[ProviderSpec, ...]]:
-    """One database hop per connection: the role-play characters and the LLM chain."""
-    return gateway_characters(), gateway_llm_specs(persona_id)
+def _session_data(persona_id: int | None) -> tuple[list[dict[str, str]], GatewayLLM]:
+    """One database hop per connection: the role-play characters and the LLM chain and model."""
+    return gateway_characters(), gateway_llm(persona_id)
 
 
 async def _conversations_end(session_ids: list[str]) -> None:
@@ -175,12 +176,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 return
             self.admitted = True
             persona_id = self.grant.persona_id if self.grant else None
-            characters, specs = await database_sync_to_async(_session_data)(persona_id)
-            llm = PROCESS.acquire(specs)
+            characters, persona_llm = await database_sync_to_async(_session_data)(persona_id)
+            llm = PROCESS.acquire(persona_llm.specs)
             if self.grant is not None:
                 await self._join_key_group(self.grant.key_id)
             hooks = _HistoryHooks(scope_client_address(self.scope))
-            config = gateway_config(characters, self.grant.system_prompt if self.grant else "")
+            config = gateway_config(characters, self.grant.system_prompt if self.grant else "", persona_llm.model)
             self.session = GatewaySession(self, config, PROCESS.store, llm, hooks)
             LIVE_FIGURES.track_gateway(self)  # the dashboard counts connected clients
             await self.session.start()

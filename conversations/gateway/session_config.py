@@ -31,7 +31,7 @@ SERVER_TOOLS = frozenset({
 class GatewayConfig:
     """Everything a session needs from settings, as plain values (built by the consumer)."""
 
-    model: str
+    model: str  # asked of the LLM configurations that name none: the key's persona's, else LLM_MODEL
     llm_timeout: float = 120.0
     llm_inter_token_timeout: float = 10.0  # LLM_INTER_TOKEN_TIMEOUT: silence after the first token → TIMEOUT
     temperature: float = 0.7

@@ -31,8 +31,16 @@ class ProviderSpec:
     name: str
     kind: str
     kwargs: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
-    model: str = ""  # LLM: the model asked for (empty: the persona's, else LLM_MODEL)
+    model: str = ""  # LLM: the model asked of this endpoint (empty: `persona_llm_model`)
     voice: str = ""  # TTS: the voice when the persona names none
+
+
+def persona_llm_model(persona_model: str, env_model: str) -> str:
+    """The model asked of an LLM configuration that names none: the persona's "LLM model",
+    else LLM_MODEL. A configuration's own model wins for its endpoint (`fallback.stream_llm`):
+    a fallback to another vendor needs that vendor's name for the model. Device sessions,
+    the LLM Gateway, the admin's try-out and Test all follow this one rule."""
+    return persona_model or env_model
 
 
 # A chain entry: a configuration, or a bare kind whose options come from
@@ -84,7 +92,7 @@ class SessionConfig:
     vad: str = "silero"  # the VAD provider kind (one per process, shared by every session)
     turn_model: str = "smart_turn"  # the end-of-turn model kind, for "smart" personas (one per process)
     aec: str = "webrtc"  # server-side echo canceller for `features.aec` devices ("": none)
-    llm_model: str = ""
+    llm_model: str = ""  # LLM_MODEL; the persona's own wins (`persona_llm_model`)
     downlink_sample_rate: int = 24000
     hello_timeout: float = 10.0
     idle_timeout: float = 120.0
@@ -111,6 +119,11 @@ class SessionConfig:
     # Remote MCP sources (tools.mcp.client.McpToolSource) of the persona's servers, built
     # from the catalogue cached in the DB; plain objects, no ORM.
     tool_sources: tuple[Any, ...] = ()
+
+    @property
+    def model(self) -> str:
+        """The model asked of the persona's LLM configurations that name none."""
+        return persona_llm_model(self.persona.llm_model, self.llm_model)
 
 
 @dataclass(frozen=True)

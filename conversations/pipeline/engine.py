@@ -121,7 +121,7 @@ class VoiceEngine:
         self._chains = Chains(config)
         thinker = Thinker(
             persona=persona, device=config.device, toolset=ctx.toolset,
-            model=persona.llm_model or config.llm_model, tool_state=ctx.tool_state, clock=self._clock.now,
+            model=config.model, tool_state=ctx.tool_state, clock=self._clock.now,
             first_token_timeout=config.llm_first_token_timeout, inter_token_timeout=config.llm_inter_token_timeout,
         )
         self._runner = TurnRunner(ctx, self._chains, thinker, speak_pool or speech_executor(), self._clock)

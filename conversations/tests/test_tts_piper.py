@@ -207,3 +207,79 @@ async def test_a_reply_cancelled_while_a_sentence_is_synthesized_stops_cleanly()
 def test_piper_builds_from_the_registry() -> None:
     tts = build("tts", "piper", voices_dir="", timeout=5.0)
     assert isinstance(tts, TTS) and tts.name == "piper"
+
+
+# -- warm-up -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """No voice loaded nor warmed yet, as in a new worker; returns the names of the voices
+    loaded from here on."""
+    loads: list[str] = []
+    real = piper_module._load
+
+    def counting(voice: piper_module.VoiceFile, threads: int) -> object:
+        loads.append(voice.name)
+        return real(voice, threads)
+
+    monkeypatch.setattr(piper_module, "_models", {})
+    monkeypatch.setattr(piper_module, "_warmed", set())
+    monkeypatch.setattr(piper_module, "_load", counting)
+    return loads
+
+
+async def test_the_warm_up_loads_the_voice_once_and_the_first_sentence_does_not_load_it_again(
+    fresh_process: list[str],
+) -> None:
+    warming = PiperTTS().warm_up_voice(voice="", language="en")
+    assert warming is not None
+    await asyncio.wrap_future(warming)
+    assert fresh_process == ["en_US-joe-medium"]
+    assert PiperTTS().warm_up_voice(voice="", language="en-US") is None  # already asked for
+    assert await collect(PiperTTS(), SENTENCE)
+    assert fresh_process == ["en_US-joe-medium"]
+
+
+async def test_a_voice_the_warm_up_cannot_have_is_logged_once_and_never_raises(
+    fresh_process: list[str], voices_dir: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = copy_voice(voices_dir, "fr_FR-broken-medium", "fr_FR")
+    model.write_bytes(model.read_bytes()[:4096])
+    tts = PiperTTS(voices_dir=str(voices_dir))
+    for language in ("fr", "zh", "fr", "zh"):
+        warming = tts.warm_up_voice(voice="", language=language)
+        if warming is not None:
+            await asyncio.wrap_future(warming)  # finished without raising
+    messages = [r.getMessage() for r in caplog.records if r.name == piper_module.__name__]
+    assert messages.count("piper voice not warmed") == 1  # the broken French voice
+    assert messages.count("piper voice not warmed: none for the language") == 1  # no Chinese voice
+    assert fresh_process == ["fr_FR-broken-medium"]
+
+
+def test_without_piper_tts_installed_nothing_is_warmed(
+    fresh_process: list[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(piper_module, "find_spec", lambda name: None)
+    assert PiperTTS().warm_up_voice(voice="", language="en") is None
+    assert fresh_process == []
+
+
+@pytest.mark.parametrize(("tts", "warmed"), [
+    (("edge", "piper", "espeak"), [("en_US-joe-medium", "en")]),  # the default persona's chain
+    (("espeak",), []),
+])
+def test_building_a_sessions_chains_warms_piper_only_when_its_tts_chain_has_it(
+    monkeypatch: pytest.MonkeyPatch, tts: tuple[str, ...], warmed: list[tuple[str, str]],
+) -> None:
+    import testing.fake_providers  # noqa: F401, PLC0415 - registers the fake provider kinds
+    from conversations.pipeline.config import DeviceInfo, PersonaConfig, SessionConfig  # noqa: PLC0415
+
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(PiperTTS, "warm_up_voice",
+                        lambda self, *, voice, language: calls.append((voice, language)))
+    persona = PersonaConfig(voice="en_US-joe-medium", language="en", asr=("fake_echo",), llm=("fake_echo",), tts=tts)
+    config = SessionConfig(session_id="s", device=DeviceInfo(id=None, mac="00:00:00:00:00:01"), persona=persona,
+                           providers={"tts.piper": {"voices_dir": ""}, "tts.edge": {}})
+    fallback.Chains(config)._build()
+    assert calls == warmed

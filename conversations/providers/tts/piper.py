@@ -13,6 +13,10 @@ small thread pool of their own, never on the event loop, and each ONNX run uses 
 so a long sentence cannot take every core from the hearing pool. Piper cuts the text into
 sentences itself and yields one chunk per sentence at the voice's rate (22050 Hz for the
 medium voices); the speaker resamples to the downlink rate like espeak-ng's output.
+
+A session whose TTS chain includes Piper starts loading its voice when the chain is built
+(`warm_up_voice`, from conversations/pipeline/fallback.py, like faster-whisper's warm-up), so
+the first sentence of a process does not pay for the load.
 """
 from __future__ import annotations
 
@@ -21,8 +25,9 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Generator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +47,10 @@ _models: dict[tuple[Path, int], PiperVoice] = {}
 _models_lock = threading.Lock()
 _scans: dict[Path, tuple[int, dict[str, VoiceFile]]] = {}
 _scans_lock = threading.Lock()
+# Warm-ups asked for in this process: (voices folder, threads, voice, language). One attempt,
+# hence at most one log line, each.
+_warmed: set[tuple[str, int, str, str]] = set()
+_warmed_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -204,6 +213,33 @@ class PiperTTS:
 
     def _model_for(self, voice: str, language: str) -> PiperVoice:
         return load_model(choose_voice(installed_voices(self.voices_dir), voice, language), self.threads)
+
+    def warm_up_voice(self, *, voice: str, language: str) -> Future[None] | None:
+        """Start loading the voice `synthesize` would use for `voice` and `language` in the
+        Piper pool, and return at once. None when it was already asked for in this process, or
+        piper-tts is not installed. A voice that cannot be had is logged (once); the first
+        sentence then fails over as it would have anyway."""
+        key = (self.voices_dir, self.threads, voice, base_language(language))
+        with _warmed_lock:
+            if key in _warmed:
+                return None
+            _warmed.add(key)
+        if find_spec("piper") is None:
+            logger.info("piper voice not warmed: piper-tts is not installed")
+            return None
+        return _POOL.submit(self._warm, voice, language)
+
+    def _warm(self, voice: str, language: str) -> None:
+        try:
+            chosen = choose_voice(installed_voices(self.voices_dir), voice, language)
+        except ProviderError:  # normal for a language Piper has no voice for: the chain moves on
+            logger.info("piper voice not warmed: none for the language", extra={"language": language})
+            return
+        try:
+            load_model(chosen, self.threads)
+        except Exception as exc:
+            logger.warning("piper voice not warmed", extra={
+                "voice": chosen.name, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
 
 
 def _sentences(model: PiperVoice, text: str) -> Generator[PCMChunk, None, None]:
