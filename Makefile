@@ -14,12 +14,17 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 run: system-deps deps translations
 	$(PY) -m xiaozhi_site.runner
 
+# The suite runs in TEST_PROCESSES processes (pytest-xdist; each has its own test database and
+# Redis database): most of its time is spent waiting on real-time audio and servers, so two
+# processes halve the run on two cores. TEST_PROCESSES=0 runs it in this one process.
+TEST_PROCESSES ?= 2
+XDIST = $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 test: system-deps deps translations
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Unit tier only: no server processes, no Whisper.
 test-fast: deps translations
-	$(PY) -m pytest -m "not e2e and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not e2e and not slow" $(PYTEST_ARGS)
 
 # ruff (pyflakes, pycodestyle, bugbear, async rules, ...) and mypy with the django-stubs plugin;
 # both are configured in pyproject.toml. `.ci/run` runs this before the tests.

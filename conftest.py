@@ -50,8 +50,35 @@ def _compile_translations() -> None:
             call_command("compilemessages", locale=locales, ignore_patterns=[".venv", "var", ".git"], verbosity=0)
 
 
+def _redis_database_of_this_worker() -> None:
+    """Under pytest-xdist (`make test` runs two processes) each test process takes its own Redis
+    database, the base one + 1 + its index, so caches (rate limits), channel groups, live
+    figures and Celery queues of the two never meet. Settings are already loaded here: the
+    values built from REDIS_URL are rewritten, and the environment too, so the servers and
+    Celery workers a test starts use the same database."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from django.conf import settings
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not settings.REDIS_URL:
+        return
+    parts = urlsplit(settings.REDIS_URL)
+    base = int(parts.path.strip("/") or 0)
+    url = urlunsplit(parts._replace(path=f"/{base + 1 + int(worker[2:])}"))
+    os.environ["REDIS_URL"] = url
+    for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+        if getattr(settings, name) == settings.REDIS_URL:
+            setattr(settings, name, url)
+            os.environ.pop(name, None)
+    settings.CACHES["default"]["LOCATION"] = url
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]["address"] = url
+    settings.REDIS_URL = url
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _compile_translations()
+    _redis_database_of_this_worker()
     if not INTEGRATION:
         return
     from django.conf import settings

@@ -11,6 +11,7 @@ own environment runs a whole e2e suite against that mode, e.g.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import subprocess
@@ -30,8 +31,13 @@ def collect_static(env: dict[str, str]) -> None:
     data_dir = env.get("XIAOZHI_DATA_DIR", str(BASE_DIR / "var"))
     if data_dir in _static_collected:
         return
-    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
-                   cwd=BASE_DIR, env=env, check=True)
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    # Parallel test processes share the data dir: one copies while the others wait, so no
+    # server starts on a half-copied file.
+    with open(Path(data_dir) / ".collectstatic.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+                       cwd=BASE_DIR, env=env, check=True)
     _static_collected.add(data_dir)
 
 
