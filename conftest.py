@@ -14,6 +14,7 @@ import contextlib
 import os
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,7 +73,8 @@ def _redis_database_of_this_worker() -> None:
             setattr(settings, name, url)
             os.environ.pop(name, None)
     settings.CACHES["default"]["LOCATION"] = url
-    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]["address"] = url
+    layer: dict[str, Any] = settings.CHANNEL_LAYERS["default"]
+    layer["CONFIG"]["hosts"][0]["address"] = url
     settings.REDIS_URL = url
 
 
