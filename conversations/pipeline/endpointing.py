@@ -226,9 +226,12 @@ class Ear:
         if in_speech and self._settings.smart and not self._checked and self._quiet_ms >= self._settings.turn_pause_ms:
             self._checked = True
             self._checks += 1
-            # The model reads the last 8 s only (features.py): no need to copy more.
-            start = max(self._utt_start_ms or 0.0, end - 8000.0)
-            marks.append(Mark("check", self._slice(start, end), check=self._checks))
+            # The model hears the pause as long as turn_pause_ms, however many packets this
+            # batch held (a lagging session hears several at once): more trailing quiet
+            # would make "complete" likelier under load. It reads the last 8 s only.
+            at = end - (self._quiet_ms - self._settings.turn_pause_ms)
+            start = max(self._utt_start_ms or 0.0, at - 8000.0)
+            marks.append(Mark("check", self._slice(start, at), check=self._checks))
         return marks + self._fallback_stop()
 
     def _confirm(self, prob: float) -> bool:

@@ -154,7 +154,8 @@ class Hearing:
         self._ear = Ear(settings, vad, keep_packets=keep_packets, echo=self.echo)  # keep_packets: recorded
         self._turn_model = turn_model
         self._check_task: asyncio.Task[None] | None = None  # the pause's model run (at most one)
-        self._verdicts: deque[tuple[int, int, TurnVerdict | None]] = deque(maxlen=4)  # (generation, check, v)
+        # (generation, check, verdict, packets received when it came)
+        self._verdicts: deque[tuple[int, int, TurnVerdict | None, int]] = deque(maxlen=4)
         self._checks: list[TurnVerdict] = []  # the current utterance's answers
         self._queue: deque[tuple[bytes, float, int] | object] = deque()  # (packet, arrival, stamp) or _FLUSH
         self._queue_packets = queue_packets
@@ -167,6 +168,7 @@ class Hearing:
         self.endpointing = True  # False in manual mode
         self.accepting = False
         self.dropped = self.ignored = self.invalid = self.packets = 0
+        self._received = self._forgotten = 0  # packets queued, and dropped from the queue unheard
         self.lag = LagHistogram()
         self._task = self._loop.create_task(self._run(), name="hearing")
 
@@ -177,7 +179,7 @@ class Hearing:
         (manual mode)."""
         self.endpointing = endpointing
         self._generation += 1
-        self._queue.clear()
+        self._forget_queue()
         self.accepting = True
 
     def pause(self) -> None:
@@ -185,6 +187,10 @@ class Hearing:
         the pool is discarded too."""
         self.accepting = False
         self._generation += 1
+        self._forget_queue()
+
+    def _forget_queue(self) -> None:
+        self._forgotten += sum(1 for item in self._queue if isinstance(item, tuple))
         self._queue.clear()
 
     def resume(self) -> None:
@@ -195,7 +201,7 @@ class Hearing:
         """Ignore audio for a while (after the wake word) and start afresh after it."""
         self._mute_until = self._now() + seconds
         self._generation += 1
-        self._queue.clear()
+        self._forget_queue()
 
     def finish_manual(self) -> None:
         """`listen stop` in manual mode: the audio queued so far is the utterance."""
@@ -213,6 +219,7 @@ class Hearing:
             self.dropped += 1
             return
         self._queue.append((packet, self._now(), timestamp))
+        self._received += 1
         self._wake.set()
 
     def reference(self, timestamp: int, opus: bytes) -> None:
@@ -323,13 +330,20 @@ class Hearing:
         except Exception as exc:
             log.warning("turn model failed; the pause ends on the silence window", extra={"error": str(exc)[:200]})
             verdict = None
-        self._verdicts.append((generation, check, verdict))
+        self._verdicts.append((generation, check, verdict, self._received))
         self._wake.set()  # the worker applies it between batches: the ear has one user at a time
 
     def _apply_verdicts(self) -> None:
+        """Apply the model's answers once the ear has heard every packet received before
+        them: in a backlog (a lagging session), speech resuming after the pause makes a
+        "complete" stale instead of cutting the user off."""
         while self._verdicts:
-            generation, check, verdict = self._verdicts.popleft()
-            if generation != self._generation or generation != self._ear_generation:
+            generation, check, verdict, received = self._verdicts[0]
+            stale = generation != self._generation or generation != self._ear_generation
+            if not stale and self.packets + self._forgotten < received:
+                return
+            self._verdicts.popleft()
+            if stale:
                 continue
             if verdict is not None:
                 self._checks.append(verdict)

@@ -14,7 +14,7 @@ import pytest
 
 from conversations.pipeline.cpu_pool import CpuMill
 from conversations.pipeline.endpointing import BYTES_PER_MS, Ear, Mark, VADSettings
-from conversations.pipeline.listen import Hearing, HearingEvent, SpeechPaused, SpeechStopped
+from conversations.pipeline.listen import MAX_BATCH, Hearing, HearingEvent, SpeechPaused, SpeechStopped
 from conversations.providers import registry
 from conversations.providers.base import TurnVerdict
 from conversations.providers.turn import features
@@ -54,6 +54,13 @@ class ScriptedEar:
         for voiced in [True] * voiced_packets + [False] * quiet_packets:
             self.ear.hear([self._voice if voiced else self._quiet], True)
             new += self.ear.endpoint([0.95 if voiced else 0.02])
+        self.marks += new
+        return new
+
+    def feed_batch(self, quiet_packets: int) -> list[Mark]:
+        """Quiet packets heard in one batch, as a lagging session hears its backlog."""
+        self.ear.hear([self._quiet] * quiet_packets, True)
+        new = self.ear.endpoint([0.02] * quiet_packets)
         self.marks += new
         return new
 
@@ -127,6 +134,21 @@ def test_a_late_answer_after_speech_resumed_is_ignored() -> None:
     assert ears.verdict(check.check, True) == []
     ears.feed(voiced_packets=5, quiet_packets=4)
     assert ears.kinds().count("check") == 2 and "stopped" not in ears.kinds()
+
+
+def test_a_lagging_session_asks_the_model_about_the_same_audio() -> None:
+    """Ten quiet packets in one batch give the model the pause of turn_pause_ms, as one
+    packet at a time does, not 600 ms of it (more quiet would make "complete" likelier)."""
+    one_by_one, batched = ScriptedEar(), ScriptedEar()
+    for ears in (one_by_one, batched):
+        ears.feed(quiet_packets=10)
+        ears.feed(voiced_packets=15)
+    one_by_one.feed(quiet_packets=10)
+    batched.feed_batch(10)
+    [alone], [in_batch] = one_by_one.checks(), batched.checks()
+    assert len(in_batch.pcm) == len(alone.pcm)
+    speech_and_pause = (15 * PACKET_MS + SMART.turn_pause_ms) * BYTES_PER_MS
+    assert speech_and_pause <= len(alone.pcm) <= speech_and_pause + 600 * BYTES_PER_MS  # + the pre-roll
 
 
 def test_without_the_model_a_pause_ends_on_the_fixed_silence_window() -> None:
@@ -247,6 +269,34 @@ async def test_the_hearing_holds_an_unfinished_turn_until_the_maximum_silence(po
     [stopped] = [e for e in ears.events if isinstance(e, SpeechStopped)]
     assert stopped.utterance.turn["turn_complete"] == 0.0 and stopped.utterance.turn["turn_silence_ms"] >= 1500
     assert model.calls == 1
+    await ears.hearing.aclose()
+
+
+async def test_an_answer_waits_for_the_backlog_and_speech_resuming_in_it_makes_it_stale(
+        pool: ThreadPoolExecutor) -> None:
+    """A lagging session: the model says "complete" while 1 s of quiet and then more speech
+    sit unheard in the queue. The answer is applied only after them, so it is stale: the
+    user is not cut off, and the next pause is asked about again."""
+    model = FakeTurnModel()
+    ears = Listener(model, pool)
+    await ears.push(silence(16000, 600) + speak("turn on the kitchen light") + silence(16000, 240))
+    await asyncio.wait_for(model.asked.wait(), 30)
+    # A first batch of quiet only (the old rule applied the answer after it), then speech;
+    # the pause stays under the 1.5 s maximum silence.
+    quiet = silence(16000, MAX_BATCH * 60)
+    backlog = opus_packets(quiet + speak("and the hall"))
+    for packet in backlog:  # all queued before the loop runs again, like a burst after a stall
+        ears.hearing.push(packet)
+    ears.sent += len(backlog)
+    model.answer.set_result(TurnVerdict(True, 0.91, 80.0))
+    await ears.push(b"")  # waits until the backlog is heard
+    assert not ears.stopped.is_set() and model.calls == 1
+    await ears.push(silence(16000, 420))
+    await asyncio.wait_for(ears.stopped.wait(), 30)
+    assert model.calls == 2
+    [stopped] = [e for e in ears.events if isinstance(e, SpeechStopped)]
+    assert stopped.utterance.turn["turn_complete"] == 1.0
+    assert len(stopped.utterance.pcm) > len(quiet) + len(speak("and the hall"))  # both halves
     await ears.hearing.aclose()
 
 

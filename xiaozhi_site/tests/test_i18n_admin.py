@@ -33,6 +33,7 @@ from django.urls import URLPattern, reverse
 from django.utils import timezone
 
 from conversations.models import Conversation, Persona, Turn
+from conversations.providers.options import OPTIONS
 from conversations.providers.registry import REGISTRY
 from devices.models import ActivationCode, Device, DeviceKey
 from devices.tests.factories import FirmwareReleaseFactory
@@ -174,6 +175,9 @@ def data_words() -> set[str]:
     words: set[str] = set(TYPED_WORDS)
     # Provider kinds ("edge", "piper", the tests' "fail") are names, shown as they are.
     words.update(kind.casefold() for stage in REGISTRY.values() for kind in stage)
+    # So are their option names ("connect_timeout, proxy"), listed under a config's options.
+    names = [name for schema in OPTIONS.values() for name in schema.model_fields]
+    words.update(w.casefold() for name in names for w in _WORD.findall(name))
     kinds = (models.CharField, models.TextField, models.JSONField)
     for model in [*project_models(), get_user_model()]:
         # Fields with choices are shown by their (translated) label, not their stored value.
