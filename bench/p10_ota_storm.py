@@ -96,9 +96,12 @@ def create_fleet(bench: BenchServer, members: list[Member]) -> None:
         "from devices.models import Device; "
         "owner = get_user_model().objects.create_user('fleet-owner'); now = timezone.now(); "
         "Device.objects.bulk_create([Device(mac=m, client_id=c, owner=owner, bound_at=now) "
-        "for m, c in json.loads(os.environ['BENCH_FLEET'])], batch_size=1000)"
+        "for m, c in json.load(open(os.environ['BENCH_FLEET']))], batch_size=1000)"
     )
-    env = {**os.environ, **bench.env(), "BENCH_FLEET": json.dumps([[m.mac, m.client_id] for m in members])}
+    # A file, not the environment: one variable is limited to 128 KiB (5,000 devices are ~300 KiB).
+    path = bench.data_dir / "fleet.json"
+    path.write_text(json.dumps([[m.mac, m.client_id] for m in members]))
+    env = {**os.environ, **bench.env(), "BENCH_FLEET": str(path)}
     subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=BASE_DIR, env=env, check=True)
 
 

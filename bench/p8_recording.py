@@ -68,7 +68,9 @@ def env_for(mode: str, connections: int) -> dict[str, str]:
 
 
 def run_p1(result: Result, args: argparse.Namespace) -> None:
-    persona = {**FAKE_PERSONA, "language": "en", "vad_min_silence_ms": p1.SILENCE_MS, "greeting": ""}
+    # As P1 and P2 by default: the fixed window, no end-of-turn model (unless --turn smart).
+    persona = {**FAKE_PERSONA, "language": "en", "vad_min_silence_ms": p1.SILENCE_MS, "greeting": "",
+               "turn_detection": args.turn}
     with BenchServer(persona=persona, env=env_for(result.mode, args.devices), prefix=f"p8-p1-{result.mode}-") as bench:
         phases = asyncio.run(p1.run(bench, args))
         one, many = phases
@@ -81,7 +83,8 @@ def run_p1(result: Result, args: argparse.Namespace) -> None:
 
 
 def run_p2(result: Result, args: argparse.Namespace) -> None:
-    persona = {**FAKE_PERSONA, "language": "en", "vad_min_silence_ms": p2.SILENCE_WINDOW_MS, "greeting": ""}
+    persona = {**FAKE_PERSONA, "language": "en", "vad_min_silence_ms": p2.SILENCE_WINDOW_MS, "greeting": "",
+               "turn_detection": args.turn}
     duration = min(args.stream_duration, 26.0)
     with BenchServer(persona=persona, env=env_for(result.mode, args.streams), prefix=f"p8-p2-{result.mode}-") as bench:
         # P2's step on this server (whose env sets the recording mode), the DTX mix P8 always used;
@@ -146,6 +149,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20, help="P1: turns of the single device")
     parser.add_argument("--streams", type=int, default=200, help="P2: devices streaming at once")
     parser.add_argument("--stream-duration", type=float, default=20.0, help="P2: seconds of streaming (≤ 26)")
+    parser.add_argument("--turn", choices=("silence", "smart"), default="silence",
+                        help="turn detection of the persona (P1 and P2 default to the fixed window)")
     args = parser.parse_args()
     results: list[Result] = []
     for number in range(1, args.rounds + 1):

@@ -138,6 +138,12 @@ def report(modes: list[Mode], args: argparse.Namespace) -> None:
                     "end of speech → first frame p50 ms", "model p50 ms", "model p99 ms", "ended by the model"],
                    rows))
     print()
+    for mode in modes:
+        for asked in mode.asked:
+            if asked.cut:
+                print(f"- {mode.name}: cut \"{asked.utterance.text}\" (pause {asked.utterance.pause_ms} ms); "
+                      f"heard {asked.heard}")
+    print()
     smart, fixed = waits.get("smart", []), waits.get("silence", [])
     if smart and fixed:
         sooner = mean(fixed) - mean(smart)
