@@ -6,7 +6,7 @@ p50 ≤ silence window + 400 ms.
     .venv/bin/python bench/p4_voice.py [--turns 10] [--silence-ms 600] [--tts piper|espeak]
                                        [--turn silence|smart] [--speech espeak|piper]
 
-`--turn smart` gives the persona semantic end of turn (Smart Turn v3.2, 200 ms pause, 1.5 s
+`--turn smart` gives the persona semantic end of turn (Smart Turn v3.2, 100 ms pause, 1.5 s
 at most; issue 16's target p50 ≤ 650 ms); run it with `--speech piper`, since espeak-ng's
 flat prosody is not how people end sentences (testing/utterances.py).
 
@@ -136,7 +136,7 @@ def report(result: Result) -> None:
     print(header("P4 — local voice-to-voice (end of user speech → first reply audio frame)"))
     print(f"faster-whisper tiny.en int8 (2 threads) + LLM stub, first token after {FIRST_TOKEN_S * 1000:.0f} ms "
           f"+ {TTS_LABELS[result.tts]}; "
-          + ("Smart Turn (200 ms pause, 1.5 s at most)" if result.turn == "smart"
+          + ("Smart Turn (100 ms pause, 1.5 s at most)" if result.turn == "smart"
              else f"silence window {result.silence_ms} ms"))
     print("TTS that spoke the measured turns: " + ", ".join(f"{k} ×{n}" for k, n in result.served.items()) + "\n")
     rows = [[t.question, t.heard.strip(), f"{t.speech_s:.2f}", fmt(t.latency_ms if t.latency_ms else float("nan"))]

@@ -1,6 +1,6 @@
 """P9 — turn taking: semantic end of turn (Smart Turn v3.2) against the fixed silence window.
 
-    .venv/bin/python bench/p9_turn_taking.py [--pause-ms 200] [--max-silence-ms 1500] [--silence-ms 600]
+    .venv/bin/python bench/p9_turn_taking.py [--pause-ms 100] [--max-silence-ms 1500] [--silence-ms 600]
                                              [--asr-threads 2] [--limit N]
 
 The shared utterances of testing/utterances.py (Piper en_US, 10 with a 600-900 ms pause in
@@ -154,7 +154,7 @@ def report(modes: list[Mode], args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="P9: semantic end of turn against a fixed silence window")
-    parser.add_argument("--pause-ms", type=int, default=200, help="smart: the persona's turn_pause_ms")
+    parser.add_argument("--pause-ms", type=int, default=100, help="smart: the persona's turn_pause_ms")
     parser.add_argument("--max-silence-ms", type=int, default=1500, help="smart: turn_max_silence_ms")
     parser.add_argument("--silence-ms", type=int, default=600, help="silence: vad_min_silence_ms")
     parser.add_argument("--limit", type=int, default=0, help="ask only the first N paused and N complete (smoke)")

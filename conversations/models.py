@@ -209,7 +209,7 @@ class Persona(models.Model):
         ),
     )
     turn_pause_ms = models.PositiveIntegerField(
-        _("pause before asking (ms)"), default=200, validators=[MinValueValidator(60), MaxValueValidator(2000)],
+        _("pause before asking (ms)"), default=100, validators=[MinValueValidator(60), MaxValueValidator(2000)],
         help_text=_("Smart turn detection: the quiet after which the end-of-turn model is asked."),
     )
     turn_max_silence_ms = models.PositiveIntegerField(

@@ -68,7 +68,7 @@ class PersonaConfig:
     # the end-of-turn model after turn_pause_ms and waits at most turn_max_silence_ms. The
     # pipeline's default stays "silence" (no model to load); the Persona model defaults to smart.
     turn_detection: str = "silence"
-    turn_pause_ms: int = 200
+    turn_pause_ms: int = 100
     turn_max_silence_ms: int = 1500
     barge_in_min_ms: int = 180  # speech over a reply needed to interrupt it (realtime mode)
     barge_in_min_probability: float = 0.8  # VAD probability a window needs to count for it

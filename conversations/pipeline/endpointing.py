@@ -48,7 +48,7 @@ class VADSettings:
     threshold_low: float = 0.3
     min_silence_ms: float = 600.0  # "silence" turn detection: the fixed end-of-speech window
     turn_detection: str = "silence"  # "smart": ask the end-of-turn model on pauses
-    turn_pause_ms: float = 200.0  # smart: quiet before the model is asked
+    turn_pause_ms: float = 100.0  # smart: quiet before the model is asked
     turn_max_silence_ms: float = 1500.0  # smart: the turn ends after this much quiet regardless
     # What it takes for speech over a reply to interrupt it (persona settings).
     barge_in_min_ms: float = 180.0

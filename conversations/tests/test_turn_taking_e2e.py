@@ -106,7 +106,7 @@ async def test_smart_turns_wait_through_mid_sentence_pauses_and_end_finished_sen
     complete = [u for u in utterances if not u.paused]
     assert len(paused) >= 10 and len(complete) >= 10
 
-    smart = await open_device(server, turn_detection="smart", turn_pause_ms=200, turn_max_silence_ms=1500)
+    smart = await open_device(server, turn_detection="smart", turn_pause_ms=100, turn_max_silence_ms=1500)
     smart_turns = await speak_all(smart, paused + complete)
     fixed = await open_device(server, turn_detection="silence", vad_min_silence_ms=600)
     fixed_turns = await speak_all(fixed, complete)
