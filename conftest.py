@@ -144,6 +144,17 @@ def redis_url() -> str:
     return settings.REDIS_URL
 
 
+@pytest.fixture(scope="module")
+def fake() -> Iterator[Any]:
+    """A local OpenAI-compatible server (testing/fake_openai.py) with the default scripted
+    reply, shared by a module's tests (call `fake.reset()` per test where it matters). A
+    module that needs other replies or a fresh server per test defines its own `fake`."""
+    from testing.fake_openai import FakeOpenAI
+
+    with FakeOpenAI() as server:
+        yield server
+
+
 @pytest.fixture
 def asgi_server_factory(transactional_db: None) -> Iterator:
     """Start real daphne servers sharing the test database; stopped after the test."""

@@ -44,10 +44,14 @@ SLOT_REFRESH = 10.0  # s: well under SLOT_TTL, so a busy event loop never loses 
 REDIS_TIMEOUT = 1.0  # s, connecting and each command
 _PREFIX = "xiaozhi:gateway:key:"
 
-# KEYS[1] the key's connections; ARGV: now (ms, "" for Redis TIME), max connections, member, ttl (ms)
-_OPEN = """
+# Every script starts here: ARGV[1] is "now" in ms, or "" for Redis's own clock (TIME).
+_NOW = """
 local now = tonumber(ARGV[1])
 if not now then local t = redis.call('TIME'); now = t[1] * 1000 + math.floor(t[2] / 1000) end
+"""
+
+# KEYS[1] the key's connections; ARGV: now (ms, "" for Redis TIME), max connections, member, ttl (ms)
+_OPEN = _NOW + """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[3])
@@ -57,27 +61,21 @@ return 1
 
 # KEYS[1] the key's connections; ARGV: now (ms or ""), member, ttl (ms). Adds the member back
 # if it had expired (its worker stalled, or Redis was away): the connection is live.
-_REFRESH = """
-local now = tonumber(ARGV[1])
-if not now then local t = redis.call('TIME'); now = t[1] * 1000 + math.floor(t[2] / 1000) end
+_REFRESH = _NOW + """
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3])) end
 return 1
 """
 
 # KEYS[1] the key's connections; ARGV: now (ms or ""). Live members.
-_COUNT = """
-local now = tonumber(ARGV[1])
-if not now then local t = redis.call('TIME'); now = t[1] * 1000 + math.floor(t[2] / 1000) end
+_COUNT = _NOW + """
 return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 """
 
 # KEYS[1] the key's bucket; ARGV: now (ms or ""), capacity (requests per minute).
 # Returns "0" when a token was taken, else the milliseconds until one is (a string: Redis
 # would truncate a Lua number to an integer).
-_REQUEST = """
-local now = tonumber(ARGV[1])
-if not now then local t = redis.call('TIME'); now = t[1] * 1000 + t[2] / 1000 end
+_REQUEST = _NOW + """
 local capacity = tonumber(ARGV[2])
 local per_ms = capacity / 60000
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'updated')

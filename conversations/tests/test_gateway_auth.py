@@ -11,7 +11,7 @@ import gc
 import json
 import re
 import tracemalloc
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -31,12 +31,6 @@ from testing.fake_openai import FakeOpenAI
 from tools.builtin import SessionToolState
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
 
 
 @pytest.fixture

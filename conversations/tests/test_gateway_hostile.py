@@ -20,7 +20,6 @@ from conversations.tests.test_gateway_session import (  # noqa: F401  (fixtures)
     BATTERY,
     Gateway,
     errors,
-    fake,
     gateway,
     send,
     types,

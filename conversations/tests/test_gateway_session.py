@@ -103,12 +103,6 @@ class Gateway:
         return session, client, hooks
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
 @pytest.fixture
 async def gateway(fake: FakeOpenAI) -> AsyncIterator[Gateway]:
     fake.reset()

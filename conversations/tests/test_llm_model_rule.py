@@ -7,7 +7,6 @@ The endpoints are FakeOpenAI over real HTTP, which records the model of every re
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,12 +29,6 @@ from testing.fake_openai import FakeOpenAI, Reply
 from tools.registry import Toolset
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
 
 
 @pytest.fixture
