@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 RECORDING_ON, RECORDING_REPLY_ONLY, RECORDING_OFF = "on", "reply-only", "off"
 RECORDING_MODES = (RECORDING_ON, RECORDING_REPLY_ONLY, RECORDING_OFF)
 AUDIO_WRITER_PROCESS, AUDIO_WRITER_THREAD = "process", "thread"
-MAX_PENDING = 256  # turns waiting for the writer thread; beyond it (storage stuck) audio is dropped
+MAX_PENDING = 256  # turns waiting for the writer; beyond it (storage stuck) audio is dropped
 
 
 @dataclass(frozen=True)

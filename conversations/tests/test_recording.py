@@ -254,6 +254,8 @@ def test_the_writer_process_stores_audio_and_a_dead_one_is_replaced(
         assert first and (tmp_path / "media" / first).is_file()  # written by the child, into its media root
         assert Turn.objects.get(pk=turns[0].pk).reply_audio.name == first
         assert child.pid != os.getpid()
+        # background work: the kernel runs it only on CPU the web process does not want
+        assert os.sched_getscheduler(child.pid) == os.SCHED_IDLE
 
         os.kill(child.pid, signal.SIGKILL)
         child.join(timeout=10)
