@@ -48,6 +48,11 @@ from simulator.ota import Identity, request_headers, system_info
 OTA_P50_TARGET_MS = 10.0
 OTA_P99_TARGET_MS = 1000.0
 OTA_PATH = "/xiaozhi/ota/"
+# The firmware's own limits (docs: protocol-reference §8 and esp-ml307's HttpClient): an OTA
+# check gives up after 30 s, the WebSocket upgrade after 10 s (simulator/transport.py), and the
+# server hello must arrive within 10 s of the device's hello.
+OTA_TIMEOUT_S = 30.0
+HELLO_TIMEOUT_S = 10.0
 FIRST_CONCURRENCY = 100
 T = TypeVar("T")
 
@@ -132,7 +137,7 @@ async def check_in(session: aiohttp.ClientSession, url: str, member: Member, pha
 def http_session() -> aiohttp.ClientSession:
     # A new connection per check, as each device opens its own; no client-side queueing limit.
     connector = aiohttp.TCPConnector(force_close=True, limit=0)
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30),
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=OTA_TIMEOUT_S),
                                  skip_auto_headers=("Accept", "Accept-Encoding"))
 
 
@@ -169,7 +174,7 @@ async def storm(url: str, ws_url: str, members: list[Member], window: float, pha
         devices.append(device)
         try:
             await device.connect()
-            phase.hello_ms.append(await device.hello(timeout=30.0) * 1000)
+            phase.hello_ms.append(await device.hello(timeout=HELLO_TIMEOUT_S) * 1000)
         except Exception as exc:  # noqa: BLE001 - counted, the storm goes on
             reason = f"{device.close_code} {device.close_reason}" if device.close_code else type(exc).__name__
             phase.error(f"connect/hello: {reason}")

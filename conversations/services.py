@@ -10,7 +10,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from channels.db import database_sync_to_async
 from django.db import DatabaseError, OperationalError, transaction
 from django.utils import timezone
 
@@ -22,6 +21,7 @@ from conversations.turns.history import ConversationKey, HistoryWriter, PendingT
 from conversations.turns.record import TurnRecord
 from devices.models import Device
 from devices.presence import device_mark_offline, device_mark_online, device_touch
+from xiaozhi_site.db_threads import device_db
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -191,8 +191,9 @@ def device_mcp_tools_store(*, device_id: int, server_info: dict, tools: list[dic
 
 def _db(func: Callable[..., T]) -> Callable[..., Awaitable[T]]:
     # Not thread-sensitive: presence and history writes must not queue behind sync views
-    # (an admin page waiting on a device would hold them for its whole timeout).
-    return database_sync_to_async(func, thread_sensitive=False)
+    # (an admin page waiting on a device would hold them for its whole timeout); on the device
+    # threads, which keep their connections.
+    return device_db(func)
 
 
 class DbSessionHooks:

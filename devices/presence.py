@@ -34,9 +34,11 @@ def device_connection_claim(*, device_id: int, session_id: str, channel_name: st
     """
     rows = Device.objects.filter(pk=device_id)
     for _ in range(_CLAIM_ATTEMPTS):
-        previous = rows.values_list("channel_name", flat=True).first()
-        if previous is None:
+        # [:1] without ORDER BY: .first() would sort by the model's ordering for one row.
+        found = list(rows.order_by().values_list("channel_name", flat=True)[:1])
+        if not found:
             return ""
+        previous = found[0]
         if rows.filter(channel_name=previous).update(channel_name=channel_name, session_id=session_id):
             return previous
     rows.update(channel_name=channel_name, session_id=session_id)  # lost every race: still take it

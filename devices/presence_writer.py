@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 from channels.db import database_sync_to_async
 
 from devices.presence import devices_mark_offline
+from xiaozhi_site.db_threads import kept_connections_executor
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ RETRY_SECONDS = 1.0
 
 _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, OfflineWriter] = weakref.WeakKeyDictionary()
 # One thread for every loop's writer: batches are few, and the pool's threads stay free.
-_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="presence-writer")
+_executor = kept_connections_executor("presence-writer", workers=1)
 
 
 class OfflineWriter:
