@@ -20,7 +20,8 @@ from conversations.recording import turn_audio_save_later
 from conversations.turns.history import ConversationKey, HistoryWriter, PendingTurn
 from conversations.turns.record import TurnRecord
 from devices.models import Device
-from devices.presence import device_mark_offline, device_mark_online, device_touch
+from devices.presence import device_mark_offline, device_touch
+from devices.presence_writer import online_writer
 from xiaozhi_site.db_threads import device_db
 
 logger = logging.getLogger(__name__)
@@ -211,7 +212,8 @@ class DbSessionHooks:
 
     async def session_started(self, info: SessionInfo) -> None:
         if info.device_id is not None:
-            await _db(device_mark_online)(device_id=info.device_id, session_id=info.session_id)
+            # Batched with the other sessions saying hello now (a reboot storm): one UPDATE.
+            await online_writer().mark_online(info.session_id)
 
     async def tools_listed(self, server_info: dict, tools: list[dict]) -> None:
         if self.device_id is not None:
