@@ -43,6 +43,8 @@ from xiaozhi_site.db_threads import device_db
 if TYPE_CHECKING:
     from asgiref.typing import WebSocketDisconnectEvent
 
+    from devices.models import Device
+
 logger = logging.getLogger(__name__)
 
 # How long a closing socket waits for its offline write (the writer carries on regardless).
@@ -100,7 +102,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             # On the device threads (kept connections), never queued behind sync views.
             config, persona_id, previous = await device_db(_prepare)(auth, self.scope, self.channel_name)
             self._claimed = config.session_id
-            await self._start(auth.device.pk, config, persona_id)
+            await self._start(auth.device, config, persona_id)
         except Exception:  # e.g. the database or the channel layer is unreachable
             logger.exception("device session start failed")
             await self._refuse(CloseCode.INTERNAL_ERROR, "internal error")
@@ -133,9 +135,11 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             self._open = True
         await self.close(code=code, reason=reason)
 
-    async def _start(self, device_pk: int, config: SessionConfig, persona_id: int | None) -> None:
-        hooks = DbSessionHooks(device_id=device_pk, persona_id=persona_id,
-                               client_address=scope_client_address(self.scope))
+    async def _start(self, device: Device, config: SessionConfig, persona_id: int | None) -> None:
+        # The tool list stored on the row, so a reconnecting device's unchanged list is not rewritten.
+        hooks = DbSessionHooks(device_id=device.pk, persona_id=persona_id,
+                               client_address=scope_client_address(self.scope),
+                               stored_tools=(device.mcp_server_info, device.mcp_tools))
         self.session = VoiceSession(self, config, hooks, self.engine_factory,
                                     protocol_header=header_value(self.scope, b"protocol-version") or None,
                                     touch_interval=TOUCH_INTERVAL_SECONDS)

@@ -202,13 +202,15 @@ class DbSessionHooks:
 
     def __init__(
         self, *, device_id: int | None, persona_id: int | None, client_address: str = "",
-        history: HistoryWriter = HISTORY,
+        history: HistoryWriter = HISTORY, stored_tools: tuple[dict, list] | None = None,
     ) -> None:
         self.device_id = device_id
         self.persona_id = persona_id
         self.client_address = client_address
         self._history = history
         self._conversation: ConversationKey | None = None
+        # The device row's tool list as read at connect: (mcp_server_info, mcp_tools).
+        self._stored_tools = stored_tools
 
     async def session_started(self, info: SessionInfo) -> None:
         if info.device_id is not None:
@@ -216,8 +218,13 @@ class DbSessionHooks:
             await online_writer().mark_online(info.session_id)
 
     async def tools_listed(self, server_info: dict, tools: list[dict]) -> None:
-        if self.device_id is not None:
-            await _db(device_mcp_tools_store)(device_id=self.device_id, server_info=server_info, tools=tools)
+        if self.device_id is None:
+            return
+        listed = (db_json(server_info), db_json(tools))
+        if listed == self._stored_tools:
+            return  # a device reconnecting with the tools it had: nothing to write (a reboot storm)
+        await _db(device_mcp_tools_store)(device_id=self.device_id, server_info=server_info, tools=tools)
+        self._stored_tools = listed
 
     def turn_finished(self, turn: TurnRecord) -> None:
         self._history.add_turn(self._key(turn.session_id), turn)
