@@ -14,8 +14,8 @@ else (the admin, async views) stays on Django's ASGI handler.
 """
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from concurrent.futures import Executor
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 from asgiref.sync import SyncToAsync
@@ -28,9 +28,10 @@ from django.urls import set_script_prefix
 
 from xiaozhi_site.db_threads import kept_connections_executor
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+# As django-stubs types ASGIHandler.__call__.
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[Mapping[str, Any]]]
+Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEVICE_HTTP_PREFIXES = ("/xiaozhi/ota",)  # devices/urls.py: check-in, activation, firmware
@@ -41,7 +42,7 @@ class SyncRequestHandler(ASGIHandler):
     """An ASGI app for Django requests whose middleware chain and view run synchronously,
     in one call on `executor`; a streaming body is sent, then closed in a second call."""
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: ThreadPoolExecutor) -> None:
         base.BaseHandler.__init__(self)  # not ASGIHandler.__init__: it loads the chain async
         self.load_middleware(is_async=False)
         self._respond = SyncToAsync(self._response_for, thread_sensitive=False, executor=executor)
@@ -63,7 +64,8 @@ class SyncRequestHandler(ASGIHandler):
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, error_response = self.create_request(scope, body_file)
-        response = error_response if request is None else self.get_response(request)
+        response = self.get_response(request) if request is not None else error_response
+        assert response is not None  # create_request returns a request or an error response
         response._handler_class = self.__class__  # type: ignore[attr-defined]  # as Django's handlers do
         if not response.streaming:
             # The body is in memory: finish the request here (request_finished keeps or
