@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async  # closes its connection after each call
 from django.utils import timezone
 
 from conversations.services import DbSessionHooks
@@ -29,19 +29,19 @@ def reload(device: Device) -> Device:
 
 
 async def test_an_unchanged_tool_list_is_not_rewritten() -> None:
-    device = await sync_to_async(stored_device)(mcp_server_info=INFO, mcp_tools=TOOLS)
-    device = await sync_to_async(reload)(device)  # as the consumer reads it at connect
+    device = await database_sync_to_async(stored_device)(mcp_server_info=INFO, mcp_tools=TOOLS)
+    device = await database_sync_to_async(reload)(device)  # as the consumer reads it at connect
     hooks = DbSessionHooks(device_id=device.pk, persona_id=None,
                            stored_tools=(device.mcp_server_info, device.mcp_tools))
     await hooks.tools_listed(dict(INFO), [dict(tool) for tool in TOOLS])
-    assert (await sync_to_async(reload)(device)).mcp_tools_updated_at == LONG_AGO
+    assert (await database_sync_to_async(reload)(device)).mcp_tools_updated_at == LONG_AGO
 
 
 async def test_a_changed_tool_list_is_written() -> None:
-    device = await sync_to_async(stored_device)(mcp_server_info=INFO, mcp_tools=TOOLS)
+    device = await database_sync_to_async(stored_device)(mcp_server_info=INFO, mcp_tools=TOOLS)
     hooks = DbSessionHooks(device_id=device.pk, persona_id=None,
                            stored_tools=(device.mcp_server_info, device.mcp_tools))
     fewer: list[dict] = []
     await hooks.tools_listed(INFO, fewer)
-    after = await sync_to_async(reload)(device)
+    after = await database_sync_to_async(reload)(device)
     assert after.mcp_tools == [] and after.mcp_tools_updated_at > LONG_AGO

@@ -5,7 +5,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async  # closes its connection after each call
 
 from devices.models import Device
 from devices.presence import device_connection_claim, device_mark_offline, devices_mark_online
@@ -24,7 +24,7 @@ def claimed(count: int) -> list[tuple[Device, str]]:
 
 
 async def test_sessions_saying_hello_together_go_online_in_one_update() -> None:
-    rows = await sync_to_async(claimed)(20)
+    rows = await database_sync_to_async(claimed)(20)
     batches: list[int] = []
 
     def write(*, session_ids: list[str]) -> int:
@@ -34,14 +34,16 @@ async def test_sessions_saying_hello_together_go_online_in_one_update() -> None:
     writer = BatchWriter("online", write)
     await asyncio.gather(*(writer.submit(session) for _, session in rows))
     assert batches == [20]
-    online = await sync_to_async(lambda: list(Device.objects.filter(is_online=True).values_list("pk", flat=True)))()
+    online = await database_sync_to_async(
+        lambda: list(Device.objects.filter(is_online=True).values_list("pk", flat=True)))()
     assert sorted(online) == sorted(device.pk for device, _ in rows)
 
 
 async def test_a_late_online_write_does_not_revive_a_closed_session() -> None:
-    [(device, session)], [(other, other_session)] = await sync_to_async(claimed)(1), await sync_to_async(claimed)(1)
-    await sync_to_async(device_mark_offline)(device_id=device.pk, session_id=session)
+    [(device, session)] = await database_sync_to_async(claimed)(1)
+    [(other, other_session)] = await database_sync_to_async(claimed)(1)
+    await database_sync_to_async(device_mark_offline)(device_id=device.pk, session_id=session)
     await asyncio.gather(online_writer().mark_online(session), online_writer().mark_online(other_session))
-    states: dict[int, Any] = await sync_to_async(
+    states: dict[int, Any] = await database_sync_to_async(
         lambda: dict(Device.objects.values_list("pk", "is_online")))()
     assert states == {device.pk: False, other.pk: True}
