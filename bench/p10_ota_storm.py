@@ -139,6 +139,16 @@ async def check_in(session: aiohttp.ClientSession, url: str, member: Member, pha
     return str(token)
 
 
+def failure(device: LightDevice, exc: Exception) -> str:
+    """The server's close code and reason when it sent one, else the exception's name. A close
+    frame that arrives while the hello is being sent ends in ConnectionClosedError before the
+    receiver has recorded it: its code is on the exception."""
+    received = getattr(exc, "rcvd", None)
+    code = device.close_code or getattr(received, "code", None)
+    reason = device.close_reason or getattr(received, "reason", "")
+    return f"{code} {reason}" if code else type(exc).__name__
+
+
 def http_session() -> aiohttp.ClientSession:
     # A new connection per check, as each device opens its own; no client-side queueing limit.
     connector = aiohttp.TCPConnector(force_close=True, limit=0)
@@ -181,7 +191,7 @@ async def storm(url: str, ws_url: str, members: list[Member], window: float, pha
             await device.connect()
             phase.hello_ms.append(await device.hello(timeout=HELLO_TIMEOUT_S) * 1000)
         except Exception as exc:  # noqa: BLE001 - counted, the storm goes on
-            reason = f"{device.close_code} {device.close_reason}" if device.close_code else type(exc).__name__
+            reason = failure(device, exc)
             phase.error(f"connect/hello: {reason}")
 
     async with http_session() as session:
@@ -224,7 +234,7 @@ async def breakdown(bench: BenchServer, members: list[Member], rate: float) -> l
             if not await device.wait(lambda: device.mcp_answered >= 2, timeout=HELLO_TIMEOUT_S):
                 connects.error("MCP handshake unfinished")
         except Exception as exc:  # noqa: BLE001 - counted, the run goes on
-            reason = f"{device.close_code} {device.close_reason}" if device.close_code else type(exc).__name__
+            reason = failure(device, exc)
             connects.error(f"connect/hello: {reason}")
 
     async with http_session() as session:
