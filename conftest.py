@@ -145,6 +145,16 @@ def _default_language() -> Iterator[None]:
     translation.deactivate()
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None) -> Iterator[None]:
+    """pytest-django's, plus: the device threads' kept connections (xiaozhi_site/db_threads.py)
+    are closed before the test database is dropped (PostgreSQL refuses while they are open)."""
+    yield
+    from xiaozhi_site.db_threads import close_kept_connections
+
+    close_kept_connections()
+
+
 @pytest.fixture
 def redis_url() -> str:
     from django.conf import settings
