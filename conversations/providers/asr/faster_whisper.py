@@ -21,14 +21,16 @@ documented, unit-tested function, `keep_segment`.
 
 A 10 s encoder window for utterances up to 7 s (`_decode_short`): `WhisperModel.transcribe`
 always pads the features to Whisper's 30 s window, and the encoder over those 1,500 positions
-was ~280-310 ms of the ~370 ms a 2 s question took on 2 cores (int8, 2 threads); over 500
-positions it is ~60 ms, ~110 ms per question in all. The window is not cut to the speech:
-tiny.en needs the padding after it (with 1 s or less it repeats "Yes. Yes. ..." until the
-token limit or mishears "Turn" as "Pern"), and 10 s with at least 3 s of it read 33 Piper
-questions like the 30 s window did (5 word errors against 4 of 169 words; P4 in
-docs/performance.md). Longer utterances take the stock 30 s path. The short path calls the
-CTranslate2 model (`WhisperModel.model.encode` / `generate`) with the options `_decode`
-gives `transcribe`, so `keep_segment` sees the same no_speech_prob and avg_logprob.
+was ~290 ms of the ~340 ms a 2 s question took on 2 cores (int8, 2 threads); over 500
+positions it is roughly 50 ms, ~120 ms per question in all (P4 in docs/performance.md). The
+window is not cut to the speech: tiny.en needs padding after it (with 1 s or less it
+repeats "Yes. Yes. ..." up to the token limit; with 5 s it heard "Turn" as "Pern"). On 32
+Piper utterances (248 words) 10 s made 6 word errors against 4 with 30 s, the same 6 with
+any window from 8 to 20 s ("Romeo" heard as "Romito", "Paris" as "pairs"): the price of the
+~220 ms. Longer utterances take the stock 30 s path. The short path calls the CTranslate2
+model (`WhisperModel.model.encode` / `generate`) with the options `_decode` gives
+`transcribe`, so `keep_segment` sees the same no_speech_prob and avg_logprob (through the
+same path with a 30 s window it made the stock 4 errors).
 """
 from __future__ import annotations
 
@@ -284,12 +286,12 @@ class FasterWhisperASR:
 
     def _decode_short(self, engine: _Engine, model: Any, audio: np.ndarray, language: str | None) -> str:
         """One greedy (or `beam_size`) pass over a 10 s encoder window (module docstring)."""
-        import ctranslate2  # noqa: PLC0415 - faster-whisper's own backend, loaded with it
+        from faster_whisper.transcribe import get_ctranslate2_storage  # noqa: PLC0415 - loaded with the model
 
         features = model.feature_extractor(audio)  # (mels, frames) as transcribe computes them
         # Zero features after the speech, as faster-whisper's pad_or_trim pads its 30 s window.
         padded = np.pad(features, ((0, 0), (0, max(0, SHORT_WINDOW_FRAMES - features.shape[-1]))))
-        encoded = model.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(padded[np.newaxis])))
+        encoded = model.model.encode(get_ctranslate2_storage(padded[np.newaxis]))
         if language is None:  # a multilingual model asked to detect the language
             language = model.model.detect_language(encoded)[0][0][0][2:-2]  # "<|de|>" -> "de"
         tokenizer, prompt, suppressed = _prompt(engine, model, language)
