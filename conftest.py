@@ -125,6 +125,16 @@ def pytest_runtest_makereport(item: pytest.Item,
     return report
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _audio_writer_in_this_process() -> None:
+    """Turn audio is written by a thread here: a writer process would read the settings'
+    database, not the test database pytest-django substitutes in this process. The servers
+    the end-to-end tests start keep the default (a writer process)."""
+    from django.conf import settings
+
+    settings.XIAOZHI_AUDIO_WRITER = "thread"
+
+
 @pytest.fixture(autouse=True)
 def _default_language() -> Iterator[None]:
     """A request with Accept-Language leaves its language active in the test's thread
@@ -133,6 +143,16 @@ def _default_language() -> Iterator[None]:
     from django.utils import translation
 
     translation.deactivate()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None) -> Iterator[None]:
+    """pytest-django's, plus: the device threads' kept connections (xiaozhi_site/db_threads.py)
+    are closed before the test database is dropped (PostgreSQL refuses while they are open)."""
+    yield
+    from xiaozhi_site.db_threads import close_kept_connections
+
+    close_kept_connections()
 
 
 @pytest.fixture

@@ -7,9 +7,10 @@ recording off and on, in one run. Target: the difference is within the run's own
 What recording adds (docs/architecture.md, "conversations/ — history, review, recording"):
 on the realtime path one list append per uplink packet (the hearing job's packet trail) and
 one per downlink frame (the reply's guard); per turn, the history writer hands the packets
-to the audio writer thread, which muxes them into Ogg/Opus without re-encoding and writes two
-files. P1 ends a turn every few seconds per device, so it sees all of it (the writer's CPU
-included in the server's); P2 never ends an utterance, so it sees the per-packet append and
+to the audio writer (a child process of the server since the P8 fix; `XIAOZHI_AUDIO_WRITER`),
+which muxes them into Ogg/Opus without re-encoding and writes two files. P1 ends a turn every
+few seconds per device, so it sees all of it (the writer's CPU is counted in the server's:
+the whole process tree); P2 never ends an utterance, so it sees the per-packet append and
 the trail's trimming.
 
 Each round measures both modes, each on a fresh server and database (bench/common.py

@@ -20,6 +20,26 @@ class ConversationsConfig(AppConfig):
         from conversations import recording  # noqa: F401, PLC0415 - connects the file-deleting signal
 
         load_provider_plugins(getattr(settings, "XIAOZHI_PROVIDER_PLUGINS", []))
+        connect_persona_config_clearing()
+
+
+def connect_persona_config_clearing() -> None:
+    """Any change a persona's configuration depends on clears the cache of built
+    configurations (conversations/selectors.py) in this process at once."""
+    from django.core.signals import setting_changed  # noqa: PLC0415
+    from django.db.models.signals import m2m_changed, post_delete, post_save  # noqa: PLC0415
+
+    from conversations.models import Persona, PersonaProvider, ProviderConfig  # noqa: PLC0415
+    from conversations.selectors import persona_configs_clear  # noqa: PLC0415
+    from tools.models import McpServer, McpTool  # noqa: PLC0415
+
+    for model in (Persona, PersonaProvider, ProviderConfig, McpServer, McpTool):
+        post_save.connect(persona_configs_clear, sender=model, dispatch_uid=f"persona-configs-saved-{model.__name__}")
+        post_delete.connect(persona_configs_clear, sender=model,
+                            dispatch_uid=f"persona-configs-deleted-{model.__name__}")
+    m2m_changed.connect(persona_configs_clear, sender=Persona.mcp_servers.through,
+                        dispatch_uid="persona-configs-mcp-servers")
+    setting_changed.connect(persona_configs_clear, dispatch_uid="persona-configs-settings")
 
 
 def load_provider_plugins(modules: list[str]) -> None:

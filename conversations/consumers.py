@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -39,9 +38,12 @@ from devices.presence import TOUCH_INTERVAL_SECONDS, device_connection_claim
 from devices.presence_writer import offline_writer
 from devices.protocol.close_codes import CloseCode
 from devices.protocol.commands import command_name, mcp_result, replaced_event
+from xiaozhi_site.db_threads import device_db
 
 if TYPE_CHECKING:
     from asgiref.typing import WebSocketDisconnectEvent
+
+    from devices.models import Device
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +99,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self._refuse(CloseCode.TRY_AGAIN_LATER, "too many connections")
             return
         try:
-            # Not thread-sensitive: a connecting device must not queue behind sync views.
-            prepare = database_sync_to_async(_prepare, thread_sensitive=False)
-            config, persona_id, previous = await prepare(auth, self.scope, self.channel_name)
+            # On the device threads (kept connections), never queued behind sync views.
+            config, persona_id, previous = await device_db(_prepare)(auth, self.scope, self.channel_name)
             self._claimed = config.session_id
-            await self._start(auth.device.pk, config, persona_id)
+            await self._start(auth.device, config, persona_id)
         except Exception:  # e.g. the database or the channel layer is unreachable
             logger.exception("device session start failed")
             await self._refuse(CloseCode.INTERNAL_ERROR, "internal error")
@@ -134,9 +135,11 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             self._open = True
         await self.close(code=code, reason=reason)
 
-    async def _start(self, device_pk: int, config: SessionConfig, persona_id: int | None) -> None:
-        hooks = DbSessionHooks(device_id=device_pk, persona_id=persona_id,
-                               client_address=scope_client_address(self.scope))
+    async def _start(self, device: Device, config: SessionConfig, persona_id: int | None) -> None:
+        # The tool list stored on the row, so a reconnecting device's unchanged list is not rewritten.
+        hooks = DbSessionHooks(device_id=device.pk, persona_id=persona_id,
+                               client_address=scope_client_address(self.scope),
+                               stored_tools=(device.mcp_server_info, device.mcp_tools))
         self.session = VoiceSession(self, config, hooks, self.engine_factory,
                                     protocol_header=header_value(self.scope, b"protocol-version") or None,
                                     touch_interval=TOUCH_INTERVAL_SECONDS)
@@ -158,7 +161,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         (~17/s per device, shared by all devices), and it stalls behind any blocking sync
         view; an admin action waiting for a device tool call would deadlock with it until
         the timeout. This consumer never uses the ORM directly: its DB work goes through
-        `database_sync_to_async`, which cleans up connections itself. Unknown channel-layer
+        `database_sync_to_async` (xiaozhi_site/db_threads.py), which cleans up connections itself. Unknown channel-layer
         events are logged instead of killing the device's connection.
         """
         handler = getattr(self, get_handler_name(message), None)

@@ -2,7 +2,7 @@
 
 The pipeline hands a `TurnAudio` (conversations/capture.py) to the history writer, which
 stores the turn row first and then calls `turn_audio_save_later(turn_id=..., audio=...)`.
-That returns at once; one background thread per process muxes the packets into Ogg/Opus
+That returns at once; a child process of its own (or a thread: `XIAOZHI_AUDIO_WRITER`) muxes the packets into Ogg/Opus
 (conversations/oggopus.py, no re-encoding) and saves them through `STORAGES["default"]`
 (the filesystem under the data dir by default; any django-storages backend by settings).
 Nothing here ever fails a turn: a failed write logs an error and the turn keeps no audio.
@@ -13,9 +13,11 @@ device played, `off`: nothing) and the persona's `record_audio` switch.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import threading
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +32,14 @@ from django.dispatch import receiver
 from conversations.capture import AudioTrack, TurnAudio
 from conversations.models import Turn
 from conversations.oggopus import OggOpusError, ogg_opus
+from xiaozhi_site.child import django_child
 
 logger = logging.getLogger(__name__)
 
 RECORDING_ON, RECORDING_REPLY_ONLY, RECORDING_OFF = "on", "reply-only", "off"
 RECORDING_MODES = (RECORDING_ON, RECORDING_REPLY_ONLY, RECORDING_OFF)
-MAX_PENDING = 256  # turns waiting for the writer thread; beyond it (storage stuck) audio is dropped
+AUDIO_WRITER_PROCESS, AUDIO_WRITER_THREAD = "process", "thread"
+MAX_PENDING = 256  # turns waiting for the writer; beyond it (storage stuck) audio is dropped
 
 
 @dataclass(frozen=True)
@@ -63,11 +67,20 @@ def turn_audio_save(*, turn_id: int, audio: TurnAudio) -> SavedAudio:
 
 
 class _Writer:
-    """One thread per process writes turn audio in arrival order, off every event loop."""
+    """Writes turn audio in arrival order, off every event loop.
+
+    By default (`XIAOZHI_AUDIO_WRITER=process`) the work runs in a child process of its own,
+    started on the first turn: the mux, the storage write and the row update then never take
+    the interpreter lock this process's event loop needs. In a thread they cost the web
+    process ~5 ms of CPU per turn and P1's p99 at 100 devices (docs/performance.md, P8).
+    `thread` keeps the work here (the tests: their database exists in this process's
+    settings only). A child that dies costs the turns it held (logged); the next turn starts
+    a new one.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: Executor | None = None
         self.pending = 0
         self.dropped = 0
 
@@ -78,26 +91,53 @@ class _Writer:
                 logger.error("turn audio dropped: the writer is behind",
                              extra={"turn_id": turn_id, "dropped": self.dropped})
                 return None
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="turn-audio")
+            job = self._submit(turn_id, audio)
             self.pending += 1
-            return self._executor.submit(self._run, turn_id, audio)
+        saved: Future[SavedAudio] = Future()
+        job.add_done_callback(lambda done: self._finish(turn_id, done, saved))
+        return saved
 
-    def _run(self, turn_id: int, audio: TurnAudio) -> SavedAudio:
-        close_old_connections()  # a long-lived thread: drop connections the database closed
+    def _submit(self, turn_id: int, audio: TurnAudio) -> Future[SavedAudio]:
+        if self._executor is not None:
+            try:
+                return self._executor.submit(_write, turn_id, audio)
+            except BrokenProcessPool:  # the child died since the last turn: start another
+                self._executor.shutdown(wait=False)
+        self._executor = _executor()
+        return self._executor.submit(_write, turn_id, audio)
+
+    def _finish(self, turn_id: int, job: Future[SavedAudio], saved: Future[SavedAudio]) -> None:
+        with self._lock:
+            self.pending -= 1
         try:
-            return turn_audio_save(turn_id=turn_id, audio=audio)
-        finally:
-            close_old_connections()
-            with self._lock:
-                self.pending -= 1
+            result = job.result()
+        except BaseException:  # the child process died (killed, out of memory): not this turn's fault
+            logger.exception("turn audio not saved: the writer process failed", extra={"turn_id": turn_id})
+            result = SavedAudio()
+        saved.set_result(result)
+
+
+def _executor() -> Executor:
+    if settings.XIAOZHI_AUDIO_WRITER == AUDIO_WRITER_THREAD:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="turn-audio")
+    # spawn, not fork: the web process has threads and an event loop a fork would copy mid-use
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=django_child)
+
+
+def _write(turn_id: int, audio: TurnAudio) -> SavedAudio:
+    close_old_connections()  # a long-lived worker: drop connections the database closed
+    try:
+        return turn_audio_save(turn_id=turn_id, audio=audio)
+    finally:
+        close_old_connections()
 
 
 _writer = _Writer()
 
 
 def turn_audio_save_later(*, turn_id: int, audio: TurnAudio | None) -> Future[SavedAudio] | None:
-    """Queue a stored turn's audio for the writer thread and return at once (safe to call
+    """Queue a stored turn's audio for the writer and return at once (safe to call
     from an event loop). The future never raises; None when there is nothing to do."""
     if audio is None or not (audio.uplink or audio.downlink) or settings.XIAOZHI_RECORDING == RECORDING_OFF:
         return None

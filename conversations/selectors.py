@@ -7,6 +7,8 @@ ORM or django.conf. Called once per connection, inside the consumer's single
 """
 from __future__ import annotations
 
+import json
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -42,6 +44,35 @@ def persona_for_device(device: Device | None) -> Persona:
         if persona is not None:
             return persona
     return persona_default()
+
+
+# Persona configurations built at connect, by persona revision and environment options: a
+# reboot storm connects thousands of devices with the same persona within seconds, and
+# building one is three queries (~1.5 ms of CPU). A persona's own edits change its
+# `updated_at`, part of the key, so every process uses them at once; edits of what it refers to
+# (provider configurations, MCP servers, the other personas offered as characters) clear the
+# cache of this process at once (conversations/apps.py) and reach the other workers within
+# PERSONA_CONFIG_TTL_SECONDS.
+PERSONA_CONFIG_TTL_SECONDS = 1.0
+_persona_configs: dict[tuple[int, object, str], tuple[float, PersonaConfig]] = {}
+
+
+def persona_configs_clear(**_: object) -> None:
+    _persona_configs.clear()
+
+
+def persona_config_cached(persona: Persona, env_options: dict[str, dict[str, Any]]) -> PersonaConfig:
+    """`persona_config`, reused for PERSONA_CONFIG_TTL_SECONDS (PersonaConfig is immutable)."""
+    key = (persona.pk, persona.updated_at, json.dumps(env_options, sort_keys=True, default=str))
+    now = time.monotonic()
+    cached = _persona_configs.get(key)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    if len(_persona_configs) > 256:  # old revisions and options: never more than a handful live
+        _persona_configs.clear()
+    config = persona_config(persona, env_options)
+    _persona_configs[key] = (now + PERSONA_CONFIG_TTL_SECONDS, config)
+    return config
 
 
 def persona_config(persona: Persona, env_options: dict[str, dict[str, Any]] | None = None) -> PersonaConfig:
@@ -86,7 +117,7 @@ def session_config_for(
     """Everything one device session needs, read once at connect."""
     persona = persona or persona_for_device(device)
     env_options = env_provider_options()
-    persona_cfg = persona_config(persona, env_options)
+    persona_cfg = persona_config_cached(persona, env_options)
     base_url = (settings.XIAOZHI_PUBLIC_BASE_URL or request_base_url).rstrip("/")
     return SessionConfig(
         session_id=str(uuid.uuid4()),

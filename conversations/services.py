@@ -10,7 +10,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from channels.db import database_sync_to_async
 from django.db import DatabaseError, OperationalError, transaction
 from django.utils import timezone
 
@@ -21,7 +20,9 @@ from conversations.recording import turn_audio_save_later
 from conversations.turns.history import ConversationKey, HistoryWriter, PendingTurn
 from conversations.turns.record import TurnRecord
 from devices.models import Device
-from devices.presence import device_mark_offline, device_mark_online, device_touch
+from devices.presence import device_mark_offline, device_touch
+from devices.presence_writer import online_writer
+from xiaozhi_site.db_threads import device_db
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -191,8 +192,9 @@ def device_mcp_tools_store(*, device_id: int, server_info: dict, tools: list[dic
 
 def _db(func: Callable[..., T]) -> Callable[..., Awaitable[T]]:
     # Not thread-sensitive: presence and history writes must not queue behind sync views
-    # (an admin page waiting on a device would hold them for its whole timeout).
-    return database_sync_to_async(func, thread_sensitive=False)
+    # (an admin page waiting on a device would hold them for its whole timeout); on the device
+    # threads, which keep their connections.
+    return device_db(func)
 
 
 class DbSessionHooks:
@@ -200,21 +202,29 @@ class DbSessionHooks:
 
     def __init__(
         self, *, device_id: int | None, persona_id: int | None, client_address: str = "",
-        history: HistoryWriter = HISTORY,
+        history: HistoryWriter = HISTORY, stored_tools: tuple[dict, list] | None = None,
     ) -> None:
         self.device_id = device_id
         self.persona_id = persona_id
         self.client_address = client_address
         self._history = history
         self._conversation: ConversationKey | None = None
+        # The device row's tool list as read at connect: (mcp_server_info, mcp_tools).
+        self._stored_tools = stored_tools
 
     async def session_started(self, info: SessionInfo) -> None:
         if info.device_id is not None:
-            await _db(device_mark_online)(device_id=info.device_id, session_id=info.session_id)
+            # Batched with the other sessions saying hello now (a reboot storm): one UPDATE.
+            await online_writer().mark_online(info.session_id)
 
     async def tools_listed(self, server_info: dict, tools: list[dict]) -> None:
-        if self.device_id is not None:
-            await _db(device_mcp_tools_store)(device_id=self.device_id, server_info=server_info, tools=tools)
+        if self.device_id is None:
+            return
+        listed = (db_json(server_info), db_json(tools))
+        if listed == self._stored_tools:
+            return  # a device reconnecting with the tools it had: nothing to write (a reboot storm)
+        await _db(device_mcp_tools_store)(device_id=self.device_id, server_info=server_info, tools=tools)
+        self._stored_tools = listed
 
     def turn_finished(self, turn: TurnRecord) -> None:
         self._history.add_turn(self._key(turn.session_id), turn)

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from devices.models import Device
 from devices.protocol.close_codes import CloseCode
-from devices.selectors import device_client_trusted, device_get_by_mac
+from devices.selectors import device_client_trusted, device_for_checkin, device_get_by_mac
 from devices.services import ActivationCapacityError, activation_code_issue
 from devices.tokens import TokenStatus, token_generation_of, token_verify
 
@@ -119,7 +119,7 @@ def device_authenticate(*, headers: dict[str, str], query: dict[str, str]) -> De
         return _refuse("device id invalid")
     if settings.XIAOZHI_WS_AUTH == "open" or mac in settings.XIAOZHI_WS_ALLOWED_MACS:
         return _with_binding_policy(_device_for_open_access(mac, client_id), client_id)
-    device = device_get_by_mac(mac=mac)
+    device = device_for_checkin(mac=mac)  # the row alone: the session reads its persona itself
     if device is None:
         return _refuse("device unknown")
     if not client_id:

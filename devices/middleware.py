@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl
 
-from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
 
 from devices.auth import DeviceAuthResult, device_authenticate
 from devices.protocol.close_codes import CloseCode
+from xiaozhi_site.db_threads import device_db
 
 if TYPE_CHECKING:
     from channels.consumer import _ChannelScope
@@ -45,8 +45,8 @@ def authenticate_scope(scope: Mapping[str, Any]) -> DeviceAuthResult:
     return device_authenticate(headers=headers, query=query)
 
 
-# Not thread-sensitive: a connecting device must not queue behind sync views.
-_authenticate = database_sync_to_async(authenticate_scope, thread_sensitive=False)
+# On the device threads (kept connections), never queued behind sync views.
+_authenticate = device_db(authenticate_scope)
 
 
 class DeviceAuthMiddleware(BaseMiddleware):

@@ -2,7 +2,8 @@
 
 A connecting socket claims the device (`device_connection_claim`: its session id and
 channel name, handing back the previous connection's channel so the consumer can replace
-it); the session calls `device_mark_online` once at hello, `device_touch` at most once a
+it); the session calls `device_mark_online` once at hello (batched across sessions by
+the online writer, presence_writer.py), `device_touch` at most once a
 minute, and the consumer's offline writer (presence_writer.py) calls
 `devices_mark_offline` in batches when sockets close. A crash leaves rows online;
 `device_mark_all_offline` at start-up (single machine) and `device_mark_stale_offline`
@@ -34,9 +35,11 @@ def device_connection_claim(*, device_id: int, session_id: str, channel_name: st
     """
     rows = Device.objects.filter(pk=device_id)
     for _ in range(_CLAIM_ATTEMPTS):
-        previous = rows.values_list("channel_name", flat=True).first()
-        if previous is None:
+        # [:1] without ORDER BY: .first() would sort by the model's ordering for one row.
+        found = list(rows.order_by().values_list("channel_name", flat=True)[:1])
+        if not found:
             return ""
+        previous = found[0]
         if rows.filter(channel_name=previous).update(channel_name=channel_name, session_id=session_id):
             return previous
     rows.update(channel_name=channel_name, session_id=session_id)  # lost every race: still take it
@@ -48,6 +51,16 @@ def device_mark_online(*, device_id: int, session_id: str) -> None:
     # session's own offline (or after a newer connection claimed the row) is a no-op.
     now = timezone.now()
     Device.objects.filter(pk=device_id, session_id=session_id).exclude(channel_name="").update(
+        is_online=True, online_since=now, last_seen_at=now,
+    )
+
+
+def devices_mark_online(*, session_ids: Iterable[str]) -> int:
+    """The batched form of device_mark_online: one UPDATE for the sessions that said hello.
+    A session id is only ever written on its own device's row (device_connection_claim),
+    so it names the row as well as the device id would."""
+    now = timezone.now()
+    return Device.objects.filter(session_id__in=list(session_ids)).exclude(channel_name="").update(
         is_online=True, online_since=now, last_seen_at=now,
     )
 

@@ -17,9 +17,10 @@ def device_get_by_mac(*, mac: str) -> Device | None:
 
 
 def device_for_checkin(*, mac: str) -> Device | None:
-    """The row an OTA check needs: no joins, no ORDER BY (mac is unique). Every device of a
-    reboot storm runs this, and the ORM's query building is most of its cost."""
-    rows = list(Device.objects.filter(mac=mac)[:1])
+    """The row alone, as an OTA check or a WebSocket authentication needs it: no joins, no
+    ORDER BY (mac is unique; the model's default ordering would add one). Every device of a
+    reboot storm runs this twice, and the ORM's query building is most of its cost."""
+    rows = list(Device.objects.filter(mac=mac).order_by()[:1])
     return rows[0] if rows else None
 
 

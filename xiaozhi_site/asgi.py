@@ -12,6 +12,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (after Django setup)
 
 from xiaozhi_site import daphne_close, daphne_limits  # noqa: E402
+from xiaozhi_site.device_http import device_http_application  # noqa: E402
 
 daphne_close.install()  # close codes such as 1013 and their reasons reach the client
 daphne_limits.install(daphne_limits.limits_from_settings())  # timeouts and sizes, before Django
@@ -20,7 +21,8 @@ from conversations.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # The firmware's check-ins in one hop each, the rest through Django's ASGI handler.
+        "http": device_http_application(django_asgi_app),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

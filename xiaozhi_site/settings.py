@@ -411,6 +411,9 @@ WEATHER_GEOCODING_URL = envstr(
 # Turn audio kept for review: on (what the user said and what the device played),
 # reply-only, or off. Each persona can also switch recording off.
 XIAOZHI_RECORDING = envchoice("XIAOZHI_RECORDING", "on", ("on", "reply-only", "off"))
+# Who writes it after each turn: "process" (a child process of each web worker, so the mux and
+# the writes never hold the event loop's interpreter lock) or "thread" (inside the web process).
+XIAOZHI_AUDIO_WRITER = envchoice("XIAOZHI_AUDIO_WRITER", "process", ("process", "thread"))
 # Turn audio older than this many days is deleted (0 keeps it forever); turns stay.
 XIAOZHI_AUDIO_RETENTION_DAYS = envint("XIAOZHI_AUDIO_RETENTION_DAYS", 30, minimum=0)
 # Conversations (turns, audio) older than this many days are deleted (0 keeps them forever).

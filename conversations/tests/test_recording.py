@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import multiprocessing
+import os
 import re
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,11 +15,13 @@ from typing import Any
 import av
 import pytest
 from django.core.files.storage import default_storage
+from django.db import connection
 
 from conversations.capture import AttemptLog, AudioTrack, TurnAudio, attempts_from_json
 from conversations.models import Conversation, Persona, Turn
 from conversations.oggopus import OggOpusError, ogg_opus, packet_samples_48k
 from conversations.providers.asr.faster_whisper import FasterWhisperASR
+from conversations import recording
 from conversations.recording import recording_mode, turn_audio_save, turn_audio_save_later
 from conversations.tests.review_data import REPLY, UTTERANCE, speech_packets, turn_audio
 from devices.protocol.audio import decode_audio_file
@@ -219,3 +224,50 @@ def test_stored_attempts_are_read_back_defensively() -> None:
                                "llm": "x", 3: []})
     assert list(read) == ["tts"] and read["tts"][0].ok is False and read["tts"][0].ms == 0.0
     assert attempts_from_json(["not", "a", "dict"]) == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_writer_process_stores_audio_and_a_dead_one_is_replaced(
+        settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default writer: a child process with Django of its own, started from this process's
+    environment (here pointed at the test database, which the transaction=True test commits to)."""
+    database = connection.settings_dict
+    if database["ENGINE"].endswith("sqlite3"):
+        url = f"sqlite:///{database['NAME']}"
+    else:
+        url = f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
+    monkeypatch.setenv("DATABASE_URL", url)
+    monkeypatch.setenv("XIAOZHI_MEDIA_ROOT", str(tmp_path / "media"))
+    settings.XIAOZHI_AUDIO_WRITER = "process"
+    writer = recording._Writer()
+    conversation = Conversation.objects.create(session_id="child")
+    turns = [Turn.objects.create(conversation=conversation, index=i, user_text=UTTERANCE) for i in range(3)]
+
+    def write(turn: Turn) -> str:
+        future = writer.submit(turn.pk, turn_audio())
+        assert future is not None
+        return future.result(timeout=60).reply
+
+    try:
+        first = write(turns[0])
+        [child] = multiprocessing.active_children()
+        assert first and (tmp_path / "media" / first).is_file()  # written by the child, into its media root
+        assert Turn.objects.get(pk=turns[0].pk).reply_audio.name == first
+        assert child.pid != os.getpid()
+        # background work: the kernel runs it only on CPU the web process does not want
+        assert os.sched_getscheduler(child.pid) == os.SCHED_IDLE
+
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(timeout=10)
+        # The pool may or may not have noticed the death when the next turn comes: that turn's
+        # audio is either lost (logged, no exception) or written by a new child; the one after
+        # is written in any case.
+        write(turns[1])
+        assert write(turns[2])
+        [replacement] = multiprocessing.active_children()
+        assert replacement.pid != child.pid
+        assert Turn.objects.get(pk=turns[2].pk).reply_audio.name
+        assert writer.pending == 0
+    finally:
+        if writer._executor is not None:
+            writer._executor.shutdown(wait=True)
