@@ -38,7 +38,12 @@ KEEP_IDLE_MS = PREROLL_MS + 400  # pre-roll plus the windows VAD needs before it
 MAX_UTTERANCE_MS = 30_000
 MAX_MANUAL_MS = 60_000
 CONFIRM_GAP_MS = 96  # this much unvoiced audio (3 Silero windows) restarts the barge-in count
-SPECULATE_AFTER_MS = 120  # Whisper needs ~0.3-0.5 s: start it well inside the silence window
+SPECULATE_AFTER_MS = 120  # "silence": Whisper (~0.1-0.4 s) is done well inside the 600 ms window
+# "smart": after two quiet windows, so the transcript (~120 ms of Whisper for a question) is
+# ready when the model's verdict (asked after turn_pause_ms, ~90 ms) ends the turn. At 120 ms
+# it came ~55 ms after the verdict, at 64 ms with it (P4, docs/performance.md); the price is
+# a Whisper run on gaps of 64-120 ms inside a sentence, cancelled when speech resumes.
+SPECULATE_SMART_MS = 64
 Outcome = tuple[Any, BaseException | None]  # (value, error) of one job
 
 
@@ -57,6 +62,11 @@ class VADSettings:
     @property
     def smart(self) -> bool:
         return self.turn_detection == "smart"
+
+    @property
+    def speculate_after_ms(self) -> float:
+        """Quiet before the speculative ASR starts (the "paused" mark)."""
+        return min(SPECULATE_SMART_MS, self.turn_pause_ms) if self.smart else SPECULATE_AFTER_MS
 
     @property
     def stop_after_ms(self) -> float:
@@ -220,7 +230,7 @@ class Ear:
                 marks.append(Mark("resumed"))
         in_speech = self._in_utterance()
         end = self._detector.position_ms
-        if in_speech and not self._paused and self._quiet_ms >= SPECULATE_AFTER_MS:
+        if in_speech and not self._paused and self._quiet_ms >= self._settings.speculate_after_ms:
             self._paused = True
             marks.append(Mark("paused", self._slice(self._utt_start_ms or 0.0, end)))
         if in_speech and self._settings.smart and not self._checked and self._quiet_ms >= self._settings.turn_pause_ms:

@@ -219,12 +219,15 @@ class SentenceSplitter:
     """Cut streamed LLM text into sentences for TTS, one reply at a time.
 
     The first sentence of a reply may end at a comma once it has `first_min_chars` letters,
-    so the device starts speaking while the model is still writing. Sentences with nothing
+    so the device starts speaking while the model is still writing, and the TTS renders a
+    short first chunk: Piper renders a whole chunk before its first audio, "Sure," in ~25 ms
+    against ~120 ms for "Sure, I can help with that." (P4, docs/performance.md). Four lets
+    "Sure,", "Okay," or "Well," stand alone and keeps "OK," or "好的，" with what follows. Sentences with nothing
     speakable ("😊", "**") are merged into the next one. Markdown and emoji are left in
     place: callers clean each sentence with `clean_for_speech`.
     """
 
-    def __init__(self, first_clause: bool = True, first_min_chars: int = 6, max_chars: int = 120) -> None:
+    def __init__(self, first_clause: bool = True, first_min_chars: int = 4, max_chars: int = 120) -> None:
         self._first_clause = first_clause
         self._first_min_chars = first_min_chars
         self._max_chars = max_chars

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conversations.providers.asr.faster_whisper import FasterWhisperASR, keep_segment
+from conversations.providers.asr.faster_whisper import SHORT_MAX_SAMPLES, FasterWhisperASR, keep_segment
 from conversations.providers.base import ASR, ProviderError
 from conversations.providers.registry import build
 from testing.speech import speak, with_silence
@@ -40,6 +40,14 @@ async def test_other_rates_are_resampled_and_english_models_ignore_other_languag
     pcm_24k = with_silence(speak(COMMAND, rate=24000), 24000, 300, 300)
     text = await asr.transcribe(pcm_24k, 24000, "zh")  # tiny.en can only do English
     assert "kitchen light" in text.lower()
+
+
+async def test_an_utterance_over_the_short_window_takes_the_30_s_path(asr: FasterWhisperASR) -> None:
+    # Over 7 s the 10 s window would leave tiny.en too little padding (module docstring).
+    long = with_silence(speak(COMMAND, rate=16000), 16000, 300, 300) * 4 + bytes(16000 * 2)
+    assert len(long) > SHORT_MAX_SAMPLES * 2
+    text = await asr.transcribe(long, 16000, "en")
+    assert text.lower().count("kitchen light") >= 3
 
 
 async def test_silence_is_an_empty_transcript(asr: FasterWhisperASR) -> None:

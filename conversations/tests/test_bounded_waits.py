@@ -74,9 +74,9 @@ async def test_a_model_that_stalls_after_its_first_token_ends_in_the_apology_wit
     r = await rig(providers={"llm.fake_echo": {"reply": ANSWER, "chunk_chars": 12, "stall_after": 3}},
                   llm_inter_token_timeout=3.0)
     await one_turn(r)
-    # "😊 Sure, the light is on now. Anythin" came, then nothing: the whole sentence is said,
+    # "😊 Sure, the light is on now. Anythin" came, then nothing: the whole sentences are said,
     # the unfinished one dropped, and the apology follows once the model was silent for 3 s.
-    assert subtitles(r) == ["Sure, the light is on now.", phrases.apology("en")]
+    assert subtitles(r) == ["Sure,", "the light is on now.", phrases.apology("en")]
     apology_at = next(s.at for s in r.transport.sent
                       if isinstance(s.message, TtsSentenceStart) and s.message.text == phrases.apology("en"))
     assert 3.0 <= apology_at - sent_at(r, Stt) < 3.5
@@ -99,7 +99,7 @@ async def test_a_hung_model_gives_way_to_the_next_after_the_first_token_bound(ri
     assert [(a["kind"], a["ok"]) for a in turn.provider_attempts["llm"]] == [("hang", False), ("fake_echo", True)]
     assert turn.provider_attempts["llm"][0] == {"kind": "hang", "ok": False, "error": "TimeoutError", "ms": 4000.0}
     # The user waited more than two seconds: one filler first, then the answer.
-    assert subtitles(r) == [ONE_MOMENT, "Sure, the light is on now.", "Anything else?"]
+    assert subtitles(r) == [ONE_MOMENT, "Sure,", "the light is on now.", "Anything else?"]
     assert sent_at(r, TtsSentenceStart) - sent_at(r, Stt) == pytest.approx(2.0, abs=0.1)
     assert 2000 <= turn.timings["filler"] - turn.timings["asr_done"] < 2100  # ms
 
@@ -107,17 +107,17 @@ async def test_a_hung_model_gives_way_to_the_next_after_the_first_token_bound(ri
 async def test_an_answer_in_time_gets_no_filler(rig: Any) -> None:
     r = await rig(providers={"llm.fake_echo": {"reply": ANSWER, "first_token_delay": 1.8}})
     await one_turn(r)
-    assert subtitles(r) == ["Sure, the light is on now.", "Anything else?"]
+    assert subtitles(r) == ["Sure,", "the light is on now.", "Anything else?"]
     assert "filler" not in r.hooks.turns[0].timings
     await asyncio.sleep(3)  # no timer left behind that could still speak
-    assert subtitles(r) == ["Sure, the light is on now.", "Anything else?"]
+    assert subtitles(r) == ["Sure,", "the light is on now.", "Anything else?"]
 
 
 async def test_a_slow_tool_gets_a_filler_that_keeps_the_wire_sequence(rig: Any) -> None:
     r = await rig(providers={"llm.fake_echo": {"reply": ANSWER, "tool_calls": [{"name": "lookup"}]}})
     await r.session.toolset.add_source(TimedTool(3.0))
     await one_turn(r)
-    assert subtitles(r) == [ONE_MOMENT, "Sure, the light is on now.", "Anything else?"]
+    assert subtitles(r) == [ONE_MOMENT, "Sure,", "the light is on now.", "Anything else?"]
     assert_spoken_block(spoken_kinds(r))  # tts start, whole sentences (the filler one of them), tts stop
     assert r.hooks.turns[0].tool_calls[0]["success"] is True
 
@@ -141,7 +141,7 @@ async def test_the_filler_speaks_the_personas_language(rig: Any) -> None:
 async def test_the_filler_can_be_switched_off(rig: Any) -> None:
     r = await rig(providers={"llm.fake_echo": {"reply": ANSWER, "first_token_delay": 5.0}}, filler_after=0)
     await one_turn(r)
-    assert subtitles(r) == ["Sure, the light is on now.", "Anything else?"]
+    assert subtitles(r) == ["Sure,", "the light is on now.", "Anything else?"]
 
 
 async def test_a_stall_before_any_whole_sentence_is_just_the_apology(rig: Any) -> None:

@@ -151,6 +151,13 @@ def test_sentences_end_at_terminators_without_first_clause(text: str, sentences:
         ("It has 1,000,000 stars, wow.", ["It has 1,000,000 stars,", "wow."]),
         ("~~删除线的内容~~和后文，然后。", ["~~删除线的内容~~和后文，", "然后。"]),
         ("😊 好，好，好的没问题，马上。", ["😊 好，好，好的没问题，", "马上。"]),
+        # A one-word opener is a chunk of its own (a short first render); later sentences
+        # stay whole, commas and all.
+        ("😊 Sure, I can help with that. Here is a short answer, for you.",
+         ["😊 Sure,", "I can help with that.", "Here is a short answer, for you."]),
+        ("Okay, let me see.", ["Okay,", "let me see."]),
+        ("OK, let me see.", ["OK, let me see."]),  # too short to stand alone
+        ("Yes, of course.", ["Yes, of course."]),
     ],
 )  # fmt: skip
 def test_the_first_sentence_may_end_at_a_comma(text: str, sentences: list[str]) -> None:

@@ -32,7 +32,7 @@ def test_chinese_sentences_end_at_chinese_punctuation(text: str, sentences: list
 
 
 @pytest.mark.parametrize(("text", "sentences"), [
-    # The first clause ends at a comma once it has six characters: speech starts early.
+    # The first clause ends at a comma once it has four characters: speech starts early.
     ("今天北京天气晴朗，最高气温二十五度，出门记得涂防晒哦！",
      ["今天北京天气晴朗，", "最高气温二十五度，出门记得涂防晒哦！"]),
     ("我喜欢的水果有苹果、香蕉和橙子。", ["我喜欢的水果有苹果、", "香蕉和橙子。"]),

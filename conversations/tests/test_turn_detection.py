@@ -7,6 +7,7 @@ import asyncio
 import importlib.metadata
 import importlib.util
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -178,6 +179,27 @@ def test_silence_mode_never_asks_and_ends_at_the_fixed_window() -> None:
     ears.feed(quiet_packets=4)  # the detector's 3-of-5 majority lets voice linger two windows
     assert "check" not in ears.kinds() and ears.kinds()[-1] == "stopped"
     assert ears.marks[-1].silence_ms >= 600
+
+
+class SileroSizedVAD(ScriptedVAD):
+    """Silero's 32 ms windows, where 64 ms and 120 ms of quiet are different windows."""
+
+    window_ms = 32.0
+
+
+def pause_kinds(ear: Ear, probabilities: list[float]) -> list[str]:
+    return [m.kind for m in ear.endpoint(probabilities) if m.kind in ("paused", "check")]
+
+
+def test_in_smart_mode_the_speculative_asr_starts_before_the_model_is_asked() -> None:
+    """Two quiet windows start the transcript, so it is ready by the model's verdict."""
+    ear = Ear(replace(SMART, turn_pause_ms=100.0), SileroSizedVAD())  # type: ignore[arg-type]
+    assert pause_kinds(ear, [0.95] * 20 + [0.02]) == []  # 32 ms of quiet
+    assert pause_kinds(ear, [0.02]) == ["paused"]  # 64 ms
+    assert pause_kinds(ear, [0.02] * 2) == ["check"]  # 128 ms: the model is asked
+    fixed = Ear(replace(SMART, turn_detection="silence"), SileroSizedVAD())  # type: ignore[arg-type]
+    assert pause_kinds(fixed, [0.95] * 20 + [0.02] * 3) == []  # the fixed window waits longer: 96 ms
+    assert pause_kinds(fixed, [0.02]) == ["paused"]  # 128 ms
 
 
 def test_the_model_hears_at_most_the_last_8_seconds() -> None:

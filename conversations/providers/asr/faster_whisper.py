@@ -18,6 +18,19 @@ No-speech filtering (why each rule exists):
    "(silence)") carry no words.
 faster-whisper's built-in skip is disabled (thresholds None) so all of this lives in one
 documented, unit-tested function, `keep_segment`.
+
+A 10 s encoder window for utterances up to 7 s (`_decode_short`): `WhisperModel.transcribe`
+always pads the features to Whisper's 30 s window, and the encoder over those 1,500 positions
+was ~290 ms of the ~340 ms a 2 s question took on 2 cores (int8, 2 threads); over 500
+positions it is roughly 50 ms, ~120 ms per question in all (P4 in docs/performance.md). The
+window is not cut to the speech: tiny.en needs padding after it (with 1 s or less it
+repeats "Yes. Yes. ..." up to the token limit; with 5 s it heard "Turn" as "Pern"). On 32
+Piper utterances (248 words) 10 s made 6 word errors against 4 with 30 s, the same 6 with
+any window from 8 to 20 s ("Romeo" heard as "Romito", "Paris" as "pairs"): the price of the
+~220 ms. Longer utterances take the stock 30 s path. The short path calls the CTranslate2
+model (`WhisperModel.model.encode` / `generate`) with the options `_decode` gives
+`transcribe`, so `keep_segment` sees the same no_speech_prob and avg_logprob (through the
+same path with a 30 s window it made the stock 4 errors).
 """
 from __future__ import annotations
 
@@ -45,6 +58,9 @@ LOW_LOGPROB = -1.0
 SILENCE_HALLUCINATIONS = frozenset(
     {"you", "thank you", "thanks", "thank you very much", "thanks for watching", "bye"}
 )
+SHORT_WINDOW_FRAMES = 1000  # 10 s of 10 ms feature frames instead of Whisper's 3,000
+SHORT_MAX_SAMPLES = 7 * WHISPER_RATE  # longer utterances keep the 30 s window
+MAX_TOKENS_PER_S = 12  # ~3x fast speech: bounds a decoder that loops instead of ending
 _ANNOTATION = re.compile(r"^\s*(\[[^\]]*\]|\([^)]*\)|\*[^*]*\*)\s*$")
 _PUNCT = re.compile(r"[^\w\s']+")
 
@@ -90,6 +106,8 @@ class _Engine:
     workers: int
     executor: ThreadPoolExecutor
     model: Any = None
+    # language -> (faster-whisper Tokenizer, prompt, suppressed tokens) for the short path
+    prompts: dict[str | None, tuple[Any, list[int], list[int]]] = field(default_factory=dict)
     running: int = 0
     peak: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -196,18 +214,11 @@ class FasterWhisperASR:
 
     def warm_up(self) -> None:
         """Load the model and run one tiny decode. Blocking: call it at startup or in a thread."""
-        model = self._get_engine().load()
+        engine = self._get_engine()
+        model = engine.load()
         rng = np.random.default_rng(0)
         noise = rng.standard_normal(WHISPER_RATE // 2).astype(np.float32) * 0.01
-        segments, _info = model.transcribe(
-            noise,
-            language=_language(model, "en"),
-            beam_size=1,
-            temperature=0.0,
-            without_timestamps=True,
-            max_new_tokens=4,
-        )
-        list(segments)
+        self._decode(engine, model, noise, _language(model, "en"))  # the short window's shapes, warm
 
     async def transcribe(self, pcm: bytes, sample_rate: int, language: str | None) -> str:
         """Text of one utterance, or "" when there is no speech in it."""
@@ -239,7 +250,7 @@ class FasterWhisperASR:
         audio = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
         started = time.perf_counter()
         try:
-            text = self._decode(model, audio, _language(model, language))
+            text = self._decode(engine, model, audio, _language(model, language))
         except (RuntimeError, ValueError) as exc:
             raise ProviderError(f"whisper transcription failed: {exc}") from exc
         logger.debug(
@@ -252,7 +263,9 @@ class FasterWhisperASR:
         )
         return text
 
-    def _decode(self, model: Any, audio: np.ndarray, language: str | None) -> str:
+    def _decode(self, engine: _Engine, model: Any, audio: np.ndarray, language: str | None) -> str:
+        if len(audio) <= SHORT_MAX_SAMPLES:
+            return self._decode_short(engine, model, audio, language)
         segments, _info = model.transcribe(
             audio,
             language=language,
@@ -270,3 +283,47 @@ class FasterWhisperASR:
             if keep_segment(s.text, s.no_speech_prob, s.avg_logprob)
         ]
         return " ".join(t for t in kept if t).strip()
+
+    def _decode_short(self, engine: _Engine, model: Any, audio: np.ndarray, language: str | None) -> str:
+        """One greedy (or `beam_size`) pass over a 10 s encoder window (module docstring)."""
+        from faster_whisper.transcribe import get_ctranslate2_storage  # noqa: PLC0415 - loaded with the model
+
+        features = model.feature_extractor(audio)  # (mels, frames) as transcribe computes them
+        # Zero features after the speech, as faster-whisper's pad_or_trim pads its 30 s window.
+        padded = np.pad(features, ((0, 0), (0, max(0, SHORT_WINDOW_FRAMES - features.shape[-1]))))
+        encoded = model.model.encode(get_ctranslate2_storage(padded[np.newaxis]))
+        if language is None:  # a multilingual model asked to detect the language
+            language = model.model.detect_language(encoded)[0][0][0][2:-2]  # "<|de|>" -> "de"
+        tokenizer, prompt, suppressed = _prompt(engine, model, language)
+        max_new = MAX_TOKENS_PER_S * (len(audio) // WHISPER_RATE + 1)
+        result = model.model.generate(
+            encoded,
+            [prompt],
+            beam_size=self.beam_size,
+            max_length=len(prompt) + max_new,
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=suppressed,
+        )[0]
+        tokens = result.sequences_ids[0]
+        # faster-whisper's avg_logprob: the score is the length-normalized sum (penalty 1).
+        avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
+        text = str(tokenizer.decode(tokens))
+        return text.strip() if keep_segment(text, result.no_speech_prob, avg_logprob) else ""
+
+
+def _prompt(engine: _Engine, model: Any, language: str | None) -> tuple[Any, list[int], list[int]]:
+    """Tokenizer, start-of-transcript prompt and suppressed tokens for `language`, as
+    `transcribe` builds them (without timestamps, no previous text), cached per engine."""
+    cached = engine.prompts.get(language)
+    if cached is None:
+        from faster_whisper.tokenizer import Tokenizer  # noqa: PLC0415 - loaded with the model
+        from faster_whisper.transcribe import get_suppressed_tokens  # noqa: PLC0415
+
+        multilingual = bool(model.model.is_multilingual)
+        tokenizer = Tokenizer(model.hf_tokenizer, multilingual, task="transcribe", language=language)
+        prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
+        cached = (tokenizer, prompt, list(get_suppressed_tokens(tokenizer, [-1])))
+        engine.prompts[language] = cached
+    return cached
