@@ -2,8 +2,9 @@
 
 The pipeline hands a `TurnAudio` (conversations/capture.py) to the history writer, which
 stores the turn row first and then calls `turn_audio_save_later(turn_id=..., audio=...)`.
-That returns at once; a child process of its own (or a thread: `XIAOZHI_AUDIO_WRITER`) muxes the packets into Ogg/Opus
-(conversations/oggopus.py, no re-encoding) and saves them through `STORAGES["default"]`
+That returns at once; a child process of the web worker (or a thread:
+`XIAOZHI_AUDIO_WRITER`) muxes the packets into Ogg/Opus (conversations/oggopus.py, no
+re-encoding) and saves them through `STORAGES["default"]`
 (the filesystem under the data dir by default; any django-storages backend by settings).
 Nothing here ever fails a turn: a failed write logs an error and the turn keeps no audio.
 
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 RECORDING_ON, RECORDING_REPLY_ONLY, RECORDING_OFF = "on", "reply-only", "off"
 RECORDING_MODES = (RECORDING_ON, RECORDING_REPLY_ONLY, RECORDING_OFF)
-AUDIO_WRITER_PROCESS, AUDIO_WRITER_THREAD = "process", "thread"
+AUDIO_WRITER_THREAD = "thread"  # XIAOZHI_AUDIO_WRITER; the default is "process"
 MAX_PENDING = 256  # turns waiting for the writer; beyond it (storage stuck) audio is dropped
 
 
@@ -72,7 +73,7 @@ class _Writer:
     By default (`XIAOZHI_AUDIO_WRITER=process`) the work runs in a child process of its own,
     started on the first turn: the mux, the storage write and the row update then never take
     the interpreter lock this process's event loop needs. In a thread they cost the web
-    process ~5 ms of CPU per turn and P1's p99 at 100 devices (docs/performance.md, P8).
+    process ~4–5 ms of CPU per turn and P1's p99 at 100 devices (docs/performance.md, P8).
     `thread` keeps the work here (the tests: their database exists in this process's
     settings only). A child that dies costs the turns it held (logged); the next turn starts
     a new one.

@@ -19,18 +19,20 @@ No-speech filtering (why each rule exists):
 faster-whisper's built-in skip is disabled (thresholds None) so all of this lives in one
 documented, unit-tested function, `keep_segment`.
 
-A 10 s encoder window for utterances up to 7 s (`_decode_short`): `WhisperModel.transcribe`
+A 12 s encoder window for utterances up to 7 s (`_decode_short`): `WhisperModel.transcribe`
 always pads the features to Whisper's 30 s window, and the encoder over those 1,500 positions
-was ~290 ms of the ~340 ms a 2 s question took on 2 cores (int8, 2 threads); over 500
-positions it is roughly 50 ms, ~120 ms per question in all (P4 in docs/performance.md). The
+was ~290 ms of the ~340 ms a 2 s question took on 2 cores (int8, 2 threads); over 600
+positions a question takes ~180 ms in all (P4 in docs/performance.md). The
 window is not cut to the speech: tiny.en needs padding after it (with 1 s or less it
 repeats "Yes. Yes. ..." up to the token limit; with 5 s it heard "Turn" as "Pern"). On 32
 Piper utterances (248 words) 10 s made 6 word errors against 4 with 30 s, the same 6 with
 any window from 8 to 20 s ("Romeo" heard as "Romito", "Paris" as "pairs"): the price of the
-~220 ms. Longer utterances take the stock 30 s path. The short path calls the CTranslate2
-model (`WhisperModel.model.encode` / `generate`) with the options `_decode` gives
-`transcribe`, so `keep_segment` sees the same no_speech_prob and avg_logprob (through the
-same path with a 30 s window it made the stock 4 errors).
+~160 ms. 10 s (~120 ms) heard a test sentence wrong ("the kitchen light is on now" as "the
+kitchen lighting on now", as did 8 s); 12 s heard it right. Longer utterances take the
+stock 30 s path. The short path calls the CTranslate2 model (`WhisperModel.model.encode` /
+`generate`) with the options `_decode` gives `transcribe`, so `keep_segment` sees the same
+no_speech_prob and avg_logprob (through the same path with a 30 s window it made the stock
+4 errors).
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ LOW_LOGPROB = -1.0
 SILENCE_HALLUCINATIONS = frozenset(
     {"you", "thank you", "thanks", "thank you very much", "thanks for watching", "bye"}
 )
-SHORT_WINDOW_FRAMES = 1000  # 10 s of 10 ms feature frames instead of Whisper's 3,000
+SHORT_WINDOW_FRAMES = 1200  # 12 s of 10 ms feature frames instead of Whisper's 3,000
 SHORT_MAX_SAMPLES = 7 * WHISPER_RATE  # longer utterances keep the 30 s window
 MAX_TOKENS_PER_S = 12  # ~3x fast speech: bounds a decoder that loops instead of ending
 _ANNOTATION = re.compile(r"^\s*(\[[^\]]*\]|\([^)]*\)|\*[^*]*\*)\s*$")
@@ -285,7 +287,7 @@ class FasterWhisperASR:
         return " ".join(t for t in kept if t).strip()
 
     def _decode_short(self, engine: _Engine, model: Any, audio: np.ndarray, language: str | None) -> str:
-        """One greedy (or `beam_size`) pass over a 10 s encoder window (module docstring)."""
+        """One greedy (or `beam_size`) pass over a 12 s encoder window (module docstring)."""
         from faster_whisper.transcribe import get_ctranslate2_storage  # noqa: PLC0415 - loaded with the model
 
         features = model.feature_extractor(audio)  # (mels, frames) as transcribe computes them
