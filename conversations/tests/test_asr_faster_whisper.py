@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conversations.providers.asr.faster_whisper import SHORT_MAX_SAMPLES, FasterWhisperASR, keep_segment
+from conversations.providers.asr.faster_whisper import FasterWhisperASR, keep_segment
 from conversations.providers.base import ASR, ProviderError
 from conversations.providers.registry import build
 from testing.speech import speak, with_silence
@@ -42,11 +42,15 @@ async def test_other_rates_are_resampled_and_english_models_ignore_other_languag
     assert "kitchen light" in text.lower()
 
 
-async def test_an_utterance_over_the_short_window_takes_the_30_s_path(asr: FasterWhisperASR) -> None:
-    # Over 7 s the 10 s window would leave tiny.en too little padding (module docstring).
-    long = with_silence(speak(COMMAND, rate=16000), 16000, 300, 300) * 4 + bytes(16000 * 2)
-    assert len(long) > SHORT_MAX_SAMPLES * 2
-    text = await asr.transcribe(long, 16000, "en")
+async def test_the_short_window_hears_a_command_and_longer_utterances_take_the_30_s_path() -> None:
+    fast = FasterWhisperASR(max_concurrency=1, window_s=12)
+    assert fast.window_s == 12 and FasterWhisperASR().window_s == 30
+    short = with_silence(speak(COMMAND, rate=16000), 16000, 300, 300)
+    assert "kitchen light" in (await fast.transcribe(short, 16000, "en")).lower()
+    # Over 7 s the 12 s window would leave tiny.en too little padding (module docstring).
+    long = short * 4 + bytes(16000 * 2)
+    assert len(long) > 7 * 16000 * 2
+    text = await fast.transcribe(long, 16000, "en")
     assert text.lower().count("kitchen light") >= 3
 
 

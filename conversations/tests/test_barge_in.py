@@ -92,6 +92,9 @@ async def test_confirmed_speech_over_a_reply_interrupts_it_and_keeps_its_start(r
     r = await rig(providers={
         "tts.fake_tone": {"duration_ms": 4000},
         "asr.fake_echo": {"script": ["tell me a long story", "stop it"]},
+        # one chunk per reply (no comma or colon to split at): each reply is one 4 s tone, so
+        # the second turn ends, and is recorded, within the wait below
+        "llm.fake_echo": {"reply": "Here is a long story."},
     })
     await r.session.feed_text(listen("start", mode="realtime"))
     await r.say_words("tell me a long story")

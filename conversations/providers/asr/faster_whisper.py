@@ -19,7 +19,8 @@ No-speech filtering (why each rule exists):
 faster-whisper's built-in skip is disabled (thresholds None) so all of this lives in one
 documented, unit-tested function, `keep_segment`.
 
-A 12 s encoder window for utterances up to 7 s (`_decode_short`): `WhisperModel.transcribe`
+A shorter encoder window, off by default (`window_s=12`: utterances up to 7 s, `_decode_short`),
+an operator's choice of speed over accuracy: `WhisperModel.transcribe`
 always pads the features to Whisper's 30 s window, and the encoder over those 1,500 positions
 was ~290 ms of the ~340 ms a 2 s question took on 2 cores (int8, 2 threads); over 600
 positions a question takes ~180 ms in all (P4 in docs/performance.md). The
@@ -28,10 +29,11 @@ repeats "Yes. Yes. ..." up to the token limit; with 5 s it heard "Turn" as "Pern
 Piper utterances (248 words) 10 s made 6 word errors against 4 with 30 s, the same 6 with
 any window from 8 to 20 s ("Romeo" heard as "Romito", "Paris" as "pairs"): the price of the
 ~160 ms. 10 s (~120 ms) heard a test sentence wrong ("the kitchen light is on now" as "the
-kitchen lighting on now", as did 8 s); 12 s heard it right. Longer utterances take the
-stock 30 s path. The short path calls the CTranslate2 model (`WhisperModel.model.encode` /
-`generate`) with the options `_decode` gives `transcribe`, so `keep_segment` sees the same
-no_speech_prob and avg_logprob (through the same path with a 30 s window it made the stock
+kitchen lighting on now", as did 8 s); 12 s heard it right, but under a parallel test run
+heard "What is the weather this week?" as "… water …" in the echo end-to-end test, so the
+default stays Whisper's 30 s. Longer utterances always take the stock 30 s path. The short
+path calls the CTranslate2 model (`WhisperModel.model.encode` / `generate`) with the
+options `_decode` gives `transcribe`, so `keep_segment` sees the same no_speech_prob and avg_logprob (through the same path with a 30 s window it made the stock
 4 errors).
 """
 from __future__ import annotations
@@ -60,8 +62,9 @@ LOW_LOGPROB = -1.0
 SILENCE_HALLUCINATIONS = frozenset(
     {"you", "thank you", "thanks", "thank you very much", "thanks for watching", "bye"}
 )
-SHORT_WINDOW_FRAMES = 1200  # 12 s of 10 ms feature frames instead of Whisper's 3,000
-SHORT_MAX_SAMPLES = 7 * WHISPER_RATE  # longer utterances keep the 30 s window
+FULL_WINDOW_S = 30  # Whisper's own window (the default: the most accurate)
+MIN_WINDOW_S = 8
+PADDING_AFTER_S = 5  # a short window keeps this much after the speech (less loops, module docstring)
 MAX_TOKENS_PER_S = 12  # ~3x fast speech: bounds a decoder that loops instead of ending
 _ANNOTATION = re.compile(r"^\s*(\[[^\]]*\]|\([^)]*\)|\*[^*]*\*)\s*$")
 _PUNCT = re.compile(r"[^\w\s']+")
@@ -194,9 +197,12 @@ class FasterWhisperASR:
         threads: int = 2,
         max_concurrency: int = 1,
         beam_size: int = 1,
+        window_s: float = FULL_WINDOW_S,
         **_: Any,
     ) -> None:
         self.model = model
+        # `window_s` < 30 (e.g. 12): the faster, slightly less accurate short path (module docstring)
+        self.window_s = int(min(FULL_WINDOW_S, max(MIN_WINDOW_S, float(window_s))))
         self.compute_type = compute_type
         self.threads = max(1, int(threads))
         self.max_concurrency = max(1, int(max_concurrency))
@@ -266,7 +272,7 @@ class FasterWhisperASR:
         return text
 
     def _decode(self, engine: _Engine, model: Any, audio: np.ndarray, language: str | None) -> str:
-        if len(audio) <= SHORT_MAX_SAMPLES:
+        if self.window_s < FULL_WINDOW_S and len(audio) <= (self.window_s - PADDING_AFTER_S) * WHISPER_RATE:
             return self._decode_short(engine, model, audio, language)
         segments, _info = model.transcribe(
             audio,
@@ -287,12 +293,12 @@ class FasterWhisperASR:
         return " ".join(t for t in kept if t).strip()
 
     def _decode_short(self, engine: _Engine, model: Any, audio: np.ndarray, language: str | None) -> str:
-        """One greedy (or `beam_size`) pass over a 12 s encoder window (module docstring)."""
+        """One greedy (or `beam_size`) pass over a `window_s` encoder window (module docstring)."""
         from faster_whisper.transcribe import get_ctranslate2_storage  # noqa: PLC0415 - loaded with the model
 
         features = model.feature_extractor(audio)  # (mels, frames) as transcribe computes them
         # Zero features after the speech, as faster-whisper's pad_or_trim pads its 30 s window.
-        padded = np.pad(features, ((0, 0), (0, max(0, SHORT_WINDOW_FRAMES - features.shape[-1]))))
+        padded = np.pad(features, ((0, 0), (0, max(0, self.window_s * 100 - features.shape[-1]))))
         encoded = model.model.encode(get_ctranslate2_storage(padded[np.newaxis]))
         if language is None:  # a multilingual model asked to detect the language
             language = model.model.detect_language(encoded)[0][0][0][2:-2]  # "<|de|>" -> "de"
