@@ -19,22 +19,22 @@ No-speech filtering (why each rule exists):
 faster-whisper's built-in skip is disabled (thresholds None) so all of this lives in one
 documented, unit-tested function, `keep_segment`.
 
-A shorter encoder window, off by default (`window_s=12`: utterances up to 7 s, `_decode_short`),
-an operator's choice of speed over accuracy: `WhisperModel.transcribe`
-always pads the features to Whisper's 30 s window, and the encoder over those 1,500 positions
-was ~290 ms of the ~340 ms a 2 s question took on 2 cores (int8, 2 threads); over 600
-positions a question takes ~180 ms in all (P4 in docs/performance.md). The
-window is not cut to the speech: tiny.en needs padding after it (with 1 s or less it
-repeats "Yes. Yes. ..." up to the token limit; with 5 s it heard "Turn" as "Pern"). On 32
-Piper utterances (248 words) 10 s made 6 word errors against 4 with 30 s, the same 6 with
-any window from 8 to 20 s ("Romeo" heard as "Romito", "Paris" as "pairs"): the price of the
-~160 ms. 10 s (~120 ms) heard a test sentence wrong ("the kitchen light is on now" as "the
-kitchen lighting on now", as did 8 s); 12 s heard it right, but under a parallel test run
-heard "What is the weather this week?" as "… water …" in the echo end-to-end test, so the
-default stays Whisper's 30 s. Longer utterances always take the stock 30 s path. The short
-path calls the CTranslate2 model (`WhisperModel.model.encode` / `generate`) with the
-options `_decode` gives `transcribe`, so `keep_segment` sees the same no_speech_prob and avg_logprob (through the same path with a 30 s window it made the stock
-4 errors).
+A shorter encoder window, off by default (`window_s=12`: utterances up to 7 s,
+`_decode_short`), an operator's choice of speed over accuracy: `WhisperModel.transcribe` always
+pads the features to Whisper's 30 s window, and the encoder over those 1,500 positions was ~290
+ms of the ~340 ms a 2 s question took on 2 cores (int8, 2 threads); over 600 positions a
+question takes ~180 ms in all (P4 in docs/performance.md). The window is not cut to the speech:
+tiny.en needs padding after it (with 1 s or less it repeats "Yes. Yes. ..." up to the token
+limit; with 5 s it heard "Turn" as "Pern"). On 32 Piper utterances (248 words) 10 s made 6 word
+errors against 4 with 30 s, the same 6 with any window from 8 to 20 s ("Romeo" heard as
+"Romito", "Paris" as "pairs"): the price of the ~160 ms. 10 s (~120 ms) heard a test sentence
+wrong ("the kitchen light is on now" as "the kitchen lighting on now", as did 8 s); 12 s heard
+it right, but under a parallel test run heard "What is the weather this week?" as "… water …"
+in the echo end-to-end test, so the default stays Whisper's 30 s. Longer utterances always take
+the stock 30 s path. The short path calls the CTranslate2 model (`WhisperModel.model.encode` /
+`generate`) with the options `_decode` gives `transcribe`, so `keep_segment` sees the same
+no_speech_prob and avg_logprob (through the same path with a 30 s window it made the stock 4
+errors).
 """
 from __future__ import annotations
 
