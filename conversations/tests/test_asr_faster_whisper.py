@@ -118,3 +118,12 @@ def test_instances_with_the_same_configuration_share_one_model(asr: FasterWhispe
 )
 def test_keep_segment_rules(text: str, no_speech: float, logprob: float, kept: bool) -> None:
     assert keep_segment(text, no_speech, logprob) is kept
+
+
+def test_the_window_is_an_option_an_operator_can_set_within_bounds() -> None:
+    from conversations.providers.options import OptionsError, validate_options
+
+    assert validate_options("asr", "faster_whisper", {"window_s": 12}) == {"window_s": 12}
+    for wrong in (7, 31, "short"):
+        with pytest.raises(OptionsError):
+            validate_options("asr", "faster_whisper", {"window_s": wrong})
