@@ -200,7 +200,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         when thousands of sockets close at once, every device ends offline."""
         if self._claimed is None:
             return
-        written = offline_writer().mark_offline(self._claimed)
+        written = offline_writer().submit(self._claimed)
         self._claimed = None
         await asyncio.wait({written}, timeout=OFFLINE_WAIT_SECONDS)
 

@@ -215,7 +215,7 @@ class DbSessionHooks:
     async def session_started(self, info: SessionInfo) -> None:
         if info.device_id is not None:
             # Batched with the other sessions saying hello now (a reboot storm): one UPDATE.
-            await online_writer().mark_online(info.session_id)
+            await online_writer().submit(info.session_id)
 
     async def tools_listed(self, server_info: dict, tools: list[dict]) -> None:
         if self.device_id is None:

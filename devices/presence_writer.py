@@ -75,41 +75,21 @@ class BatchWriter:
                     done.set_result(None)
 
 
-class OfflineWriter(BatchWriter):
-    def __init__(self) -> None:
-        super().__init__("offline", devices_mark_offline)
-
-    def mark_offline(self, session_id: str) -> asyncio.Future[None]:
-        return self.submit(session_id)
+_WRITES: dict[str, Callable[..., int]] = {"offline": devices_mark_offline, "online": devices_mark_online}
 
 
-class OnlineWriter(BatchWriter):
-    def __init__(self) -> None:
-        super().__init__("online", devices_mark_online)
-
-    def mark_online(self, session_id: str) -> asyncio.Future[None]:
-        return self.submit(session_id)
-
-
-def _writer(kind: str, factory: Callable[[], BatchWriter]) -> BatchWriter:
-    loop = asyncio.get_running_loop()
-    writers = _writers.setdefault(loop, {})
+def _writer(kind: str) -> BatchWriter:
+    """The `kind` writer of the running event loop (created on first use)."""
+    writers = _writers.setdefault(asyncio.get_running_loop(), {})
     writer = writers.get(kind)
     if writer is None:
-        writer = writers[kind] = factory()
+        writer = writers[kind] = BatchWriter(kind, _WRITES[kind])
     return writer
 
 
-def offline_writer() -> OfflineWriter:
-    """The offline writer of the running event loop (created on first use)."""
-    writer = _writer("offline", OfflineWriter)
-    assert isinstance(writer, OfflineWriter)
-    return writer
+def offline_writer() -> BatchWriter:
+    return _writer("offline")
 
 
-def online_writer() -> OnlineWriter:
-    """The online writer of the running event loop (created on first use)."""
-    writer = _writer("online", OnlineWriter)
-    assert isinstance(writer, OnlineWriter)
-    return writer
-
+def online_writer() -> BatchWriter:
+    return _writer("online")

@@ -6,25 +6,41 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 import django
 
 
 def django_child() -> None:
     """Django from the parent's settings module and environment (a spawned child inherits
-    both), at background priority, keeping its database connections between jobs."""
+    both), at background priority, keeping its database connections between jobs (db_threads.py)."""
     # Ctrl-C reaches the whole process group; the parent decides when its helper stops, after
     # the work it was given (the executor's exit joins the child).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent()
     _background_priority()
     django.setup()
-    from django.db import connections  # noqa: PLC0415 - needs the settings django.setup() loaded
+    from xiaozhi_site.db_threads import keep_connections  # noqa: PLC0415 - after django.setup()
 
-    for connection in connections.all(initialized_only=False):
-        # One job after another in one process: reconnecting per job (CONN_MAX_AGE=0 suits
-        # requests) would cost more than the job. Jobs call close_old_connections(), which
-        # still replaces a connection that failed.
-        connection.settings_dict["CONN_MAX_AGE"] = None
+    # One job after another in one process: reconnecting per job (CONN_MAX_AGE=0 suits
+    # requests) would cost more than the job; kept connections are still replaced when old
+    # or broken.
+    keep_connections()
+
+
+def _exit_with_parent() -> None:
+    # A pool's child holds both ends of its own job queue, so it never sees the queue close
+    # when the parent is killed (SIGKILL, out of memory): without this it would outlive it,
+    # holding a database connection.
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _background_priority() -> None:

@@ -8,7 +8,10 @@ import multiprocessing
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +274,28 @@ def test_the_writer_process_stores_audio_and_a_dead_one_is_replaced(
     finally:
         if writer._executor is not None:
             writer._executor.shutdown(wait=True)
+
+
+def test_the_writer_process_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """A web worker killed outright must not leave its writer behind (with a DB connection)."""
+    script = (
+        "import os, sys, multiprocessing, django\n"
+        "django.setup()\n"
+        "from django.conf import settings\n"
+        "settings.XIAOZHI_AUDIO_WRITER = 'process'\n"
+        "from conversations import recording\n"
+        "from conversations.capture import TurnAudio\n"
+        "audio = TurnAudio(); audio.downlink.add(b'\\xf8\\xff\\xfe')\n"
+        "recording._Writer().submit(1, audio).result(timeout=60)\n"
+        "print(multiprocessing.active_children()[0].pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+           "XIAOZHI_MEDIA_ROOT": str(tmp_path / "media"), "DJANGO_SETTINGS_MODULE": "xiaozhi_site.settings"}
+    done = subprocess.run([sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    child = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists(), "the writer process outlived its parent"

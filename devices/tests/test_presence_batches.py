@@ -43,7 +43,7 @@ async def test_a_late_online_write_does_not_revive_a_closed_session() -> None:
     [(device, session)] = await database_sync_to_async(claimed)(1)
     [(other, other_session)] = await database_sync_to_async(claimed)(1)
     await database_sync_to_async(device_mark_offline)(device_id=device.pk, session_id=session)
-    await asyncio.gather(online_writer().mark_online(session), online_writer().mark_online(other_session))
+    await asyncio.gather(online_writer().submit(session), online_writer().submit(other_session))
     states: dict[int, Any] = await database_sync_to_async(
         lambda: dict(Device.objects.values_list("pk", "is_online")))()
     assert states == {device.pk: False, other.pk: True}
