@@ -26,14 +26,19 @@ TOUCH_INTERVAL_SECONDS = 60
 _CLAIM_ATTEMPTS = 5
 
 
-def device_connection_claim(*, device_id: int, session_id: str, channel_name: str) -> str:
+def device_connection_claim(*, device_id: int, session_id: str, channel_name: str, expected: str | None = None) -> str:
     """Make `session_id` / `channel_name` the device's live connection; returns the channel
     of the connection it replaces ("" if none).
 
     Compare-and-set on the channel name, so of two sockets connecting at once (in any
     processes) each learns the channel of the one before it and exactly one ends up live.
+    `expected` is the channel the caller just read on the row (the authentication's read):
+    tried first, it saves the SELECT when nothing changed in between (one UPDATE per connect).
     """
     rows = Device.objects.filter(pk=device_id)
+    if expected is not None and rows.filter(channel_name=expected).update(channel_name=channel_name,
+                                                                          session_id=session_id):
+        return expected
     for _ in range(_CLAIM_ATTEMPTS):
         # [:1] without ORDER BY: .first() would sort by the model's ordering for one row.
         found = list(rows.order_by().values_list("channel_name", flat=True)[:1])
