@@ -68,17 +68,11 @@ class CpuMill:
     An executor job per session and packet costs ~30-90 us of event-loop and thread
     hand-off, about as much as decoding the packet; grouping whatever is pending when a pool
     thread frees up pays that once per group and adds no delay when idle (a lone job starts
-    at once). At most one group per pool thread is in flight, and a second one only for a
-    backlog of `min_extra_group` jobs. Order per session holds because a session awaits
-    each job before it submits the next.
+    at once). At most one group per pool thread is in flight. Order per session holds
+    because a session awaits each job before it submits the next.
     """
 
     _by_executor: weakref.WeakKeyDictionary[Executor, CpuMill] = weakref.WeakKeyDictionary()
-    # While a group runs, another starts only once this many jobs wait; fewer join the group
-    # that starts when the running one finishes (a few ms). Silero costs ~115 us for a window
-    # alone, ~60 us per window in runs of 8 or more (2-core reference box), and a process
-    # with more groups in flight than free cores only pays that in small runs (issue 17).
-    min_extra_group = 8
 
     def __init__(self, executor: Executor, max_inflight: int) -> None:
         self._executor = executor
@@ -110,8 +104,6 @@ class CpuMill:
 
     def _start_groups(self) -> None:
         while self._pending and self._inflight < self._max_inflight:
-            if self._inflight and len(self._pending) < self.min_extra_group:
-                return  # they go with the group that starts when the running one finishes
             group: list[_Pending] = []
             for pending in self._pending:
                 if not pending[2].done():  # its session stopped waiting (closed)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -69,31 +68,4 @@ async def test_a_runner_that_raises_fails_only_its_own_jobs() -> None:
     fine = mill.run(lambda: "fine")
     results = await asyncio.gather(blocker, broken, fine, return_exceptions=True)
     assert results[0] == "first" and isinstance(results[1], RuntimeError) and results[2] == "fine"
-    pool.shutdown()
-
-
-async def test_a_second_group_starts_only_for_a_backlog() -> None:
-    """While a group runs, a few jobs wait for it and then go together (larger model runs);
-    a backlog of `min_extra_group` starts a group of its own at once."""
-    pool = ThreadPoolExecutor(2)
-    mill = CpuMill(pool, max_inflight=2)
-    mill.min_extra_group = 3
-    runner = Doubler()
-    started, hold = threading.Event(), threading.Event()
-
-    def blocking() -> str:
-        started.set()
-        hold.wait(5)
-        return "held"
-
-    first = mill.run(blocking)  # a lone job starts at once
-    assert await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
-    two = [mill.run_batched(runner, n) for n in (1, 2)]
-    await asyncio.sleep(0.05)
-    assert runner.calls == []  # two jobs wait behind the running group
-    third = mill.run_batched(runner, 3)
-    assert await asyncio.gather(*two, third) == [2, 4, 6]  # three: the backlog starts its own group
-    assert runner.calls == [3]
-    hold.set()
-    assert await first == "held"
     pool.shutdown()
