@@ -1,4 +1,5 @@
-"""The integer XOR masker gives autobahn's own maskers' bytes, whole or in pieces."""
+"""ws_fastpath: the integer XOR masker gives autobahn's own maskers' bytes, whole or in pieces;
+received bytes reach autobahn's frame parser as before."""
 from __future__ import annotations
 
 import os
@@ -7,8 +8,10 @@ import pytest
 from autobahn.websocket import protocol
 from autobahn.websocket.xormasker import create_xor_masker as autobahn_masker
 
-from xiaozhi_site import ws_masking
-from xiaozhi_site.ws_masking import IntXorMasker
+from autobahn.twisted.websocket import WebSocketAdapterProtocol
+
+from xiaozhi_site import ws_fastpath
+from xiaozhi_site.ws_fastpath import IntXorMasker
 
 
 @pytest.mark.parametrize("size", [0, 1, 3, 4, 5, 127, 128, 136, 1000, 65536 + 3])
@@ -35,8 +38,22 @@ def test_masking_twice_gives_the_data_back() -> None:
     assert IntXorMasker(mask).process(IntXorMasker(mask).process(data)) == data
 
 
-def test_install_swaps_autobahns_factory(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_install_swaps_autobahns_factory_and_reader(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(protocol, "create_xor_masker", autobahn_masker)
-    ws_masking.install()
-    assert ws_masking.installed()
+    monkeypatch.setattr(WebSocketAdapterProtocol, "dataReceived", WebSocketAdapterProtocol.dataReceived)
+    ws_fastpath.install()
+    assert ws_fastpath.installed()
     assert isinstance(protocol.create_xor_masker(b"abcd", 10), IntXorMasker)
+
+
+def test_received_bytes_go_to_the_frame_parser() -> None:
+    class Adapter(WebSocketAdapterProtocol):
+        def __init__(self) -> None:
+            self.got: list[bytes] = []
+
+        def _dataReceived(self, data: bytes) -> None:
+            self.got.append(data)
+
+    adapter = Adapter()
+    ws_fastpath.data_received(adapter, b"\x82\x81abcd!")
+    assert adapter.got == [b"\x82\x81abcd!"]
