@@ -9,7 +9,6 @@ from autobahn.websocket import protocol
 from autobahn.websocket.xormasker import create_xor_masker as autobahn_masker
 
 from autobahn.twisted.websocket import WebSocketAdapterProtocol
-
 from xiaozhi_site import ws_fastpath
 from xiaozhi_site.ws_fastpath import IntXorMasker
 
@@ -46,14 +45,68 @@ def test_install_swaps_autobahns_factory_and_reader(monkeypatch: pytest.MonkeyPa
     assert isinstance(protocol.create_xor_masker(b"abcd", 10), IntXorMasker)
 
 
-def test_received_bytes_go_to_the_frame_parser() -> None:
-    class Adapter(WebSocketAdapterProtocol):
-        def __init__(self) -> None:
-            self.got: list[bytes] = []
+class FakeConnection:
+    """The attributes of an open autobahn server connection that the short cut reads."""
 
-        def _dataReceived(self, data: bytes) -> None:
-            self.got.append(data)
+    def __init__(self, **overrides: object) -> None:
+        self.state = ws_fastpath.OPEN
+        self.data = b""
+        self.current_frame = None
+        self.inside_message = self.failedByMe = self.logOctets = self.logFrames = False
+        self._perMessageCompress = self.trackedTimings = self.autoPingTimeoutCall = None
+        self.maxFramePayloadSize = self.maxMessagePayloadSize = 4096
+        self.trafficStats = type("Stats", (), {})()
+        for name in ("incomingOctetsWireLevel", "incomingOctetsWebSocketLevel", "incomingOctetsAppLevel",
+                     "incomingWebSocketFrames", "incomingWebSocketMessages"):
+            setattr(self.trafficStats, name, 0)
+        self.messages: list[tuple[bytes, bool]] = []
+        self.parsed: list[bytes] = []  # what went to autobahn's own parser
+        for name, value in overrides.items():
+            setattr(self, name, value)
 
-    adapter = Adapter()
-    ws_fastpath.data_received(adapter, b"\x82\x81abcd!")
-    assert adapter.got == [b"\x82\x81abcd!"]
+    def _onMessage(self, payload: bytes, is_binary: bool) -> None:
+        self.messages.append((payload, is_binary))
+
+    def _dataReceived(self, data: bytes) -> None:
+        self.parsed.append(data)
+
+
+def frame(payload: bytes, first: int = 0x82, masked: bool = True) -> bytes:
+    mask = b"\x11\x22\x33\x44" if masked else b""
+    size, bit = len(payload), 0x80 if masked else 0
+    length = bytes([size | bit]) if size < 126 else bytes([126 | bit]) + size.to_bytes(2, "big")
+    body = IntXorMasker(mask).process(payload) if masked else payload
+    return bytes([first]) + length + mask + body
+
+
+@pytest.mark.parametrize("size", [1, 125, 126, 140, 4096])
+def test_one_whole_binary_frame_goes_to_the_application_at_once(size: int) -> None:
+    payload = os.urandom(size)
+    connection = FakeConnection()
+    data = frame(payload)
+    ws_fastpath.data_received(connection, data)
+    assert connection.messages == [(payload, True)] and connection.parsed == []
+    stats = connection.trafficStats
+    assert stats.incomingOctetsWireLevel == len(data) and stats.incomingOctetsAppLevel == size
+    assert stats.incomingWebSocketFrames == stats.incomingWebSocketMessages == 1
+
+
+@pytest.mark.parametrize(("data", "overrides"), [
+    (frame(b'{"type":"hello"}', first=0x81), {}),  # text
+    (frame(b"ping", first=0x89), {}),  # control frame
+    (frame(b"part", first=0x02), {}),  # first fragment (no FIN)
+    (frame(b"abc", first=0xC2), {}),  # reserved bit
+    (frame(b"audio", masked=False), {}),  # unmasked: a protocol violation autobahn reports
+    (frame(b"audio")[:-1], {}),  # partial read
+    (frame(b"audio") + frame(b"more"), {}),  # two frames in one read
+    (frame(b""), {}),  # empty message
+    (frame(os.urandom(4097)), {}),  # over the route's limit: autobahn closes with 1009
+    (frame(b"audio"), {"data": b"\x82"}),  # earlier bytes buffered
+    (frame(b"audio"), {"inside_message": True}),
+    (frame(b"audio"), {"state": ws_fastpath.OPEN - 1}),
+    (frame(b"audio"), {"autoPingTimeoutCall": object()}),
+])
+def test_anything_else_takes_autobahns_own_path(data: bytes, overrides: dict[str, object]) -> None:
+    connection = FakeConnection(**overrides)
+    ws_fastpath.data_received(connection, data)
+    assert connection.messages == [] and connection.parsed == [data]
