@@ -139,10 +139,15 @@ def report(result: Result) -> None:
           + ("Smart Turn (100 ms pause, 1.5 s at most)" if result.turn == "smart"
              else f"silence window {result.silence_ms} ms"))
     print("TTS that spoke the measured turns: " + ", ".join(f"{k} ×{n}" for k, n in result.served.items()) + "\n")
-    rows = [[t.question, t.heard.strip(), f"{t.speech_s:.2f}", fmt(t.latency_ms if t.latency_ms else float("nan"))]
-            for t in result.turns]
-    print(md_table([f"question ({result.speech})", "server heard", "speech s", "end of speech → first frame ms"],
-                   rows, align="llrr"))
+    nan = float("nan")
+    timings = result.timings if len(result.timings) == len(result.turns) else [{}] * len(result.turns)
+    rows = [[t.question, t.heard.strip(), f"{t.speech_s:.2f}", fmt(t.latency_ms if t.latency_ms else nan),
+             fmt(s.get("turn_silence_ms", nan)), fmt(s.get("turn_model_ms", nan)), fmt(s.get("asr_done", nan)),
+             fmt(s.get("first_frame_sent", nan))]
+            for t, s in zip(result.turns, timings, strict=True)]
+    print(md_table([f"question ({result.speech})", "server heard", "speech s", "end of speech → first frame ms",
+                    "server: turn silence ms", "model ms", "decision → asr_done", "decision → first frame"],
+                   rows, align="llrrrrrr"))
     lat = result.latencies
     print()
     waited = "the end-of-turn wait (turn_silence_ms p50)" if result.turn == "smart" else "the silence window"

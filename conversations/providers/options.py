@@ -28,7 +28,8 @@ class FasterWhisperOptions(NoOptions):
     compute_type: Literal["int8", "int8_float32", "float32", "float16"] = "int8"
     threads: int = Field(2, ge=1, le=16)
     max_concurrency: int = Field(1, ge=1, le=8)
-    window_s: int = Field(30, ge=8, le=30)  # < 30: faster, slightly less accurate (faster_whisper.py)
+    window_s: int = Field(30, ge=8, le=30)  # < 30: the short window alone, faster, less accurate
+    fast_pass: bool = True  # a 12 s window first, kept when the decoder is sure (faster_whisper.py)
 
 
 class EdgeOptions(NoOptions):

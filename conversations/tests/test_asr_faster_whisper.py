@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conversations.providers.asr.faster_whisper import FasterWhisperASR, keep_segment
+from conversations.providers.asr import faster_whisper
+from conversations.providers.asr.faster_whisper import FasterWhisperASR, confident, keep_segment
 from conversations.providers.base import ASR, ProviderError
 from conversations.providers.registry import build
 from testing.speech import speak, with_silence
@@ -52,6 +53,61 @@ async def test_the_short_window_hears_a_command_and_longer_utterances_take_the_3
     assert len(long) > 7 * 16000 * 2
     text = await fast.transcribe(long, 16000, "en")
     assert text.lower().count("kitchen light") >= 3
+
+
+class CountingModel:
+    """The loaded WhisperModel, counting the full (30 s) passes through `transcribe`."""
+
+    def __init__(self, model: object) -> None:
+        self._model = model
+        self.full_passes = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._model, name)
+
+    def transcribe(self, *args: object, **kwargs: object) -> object:
+        self.full_passes += 1
+        return self._model.transcribe(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+def decode(asr: FasterWhisperASR, pcm: bytes) -> tuple[str, int]:
+    """The transcript of `pcm` and how many 30 s passes it took."""
+    engine = asr._get_engine()
+    model = CountingModel(engine.load())
+    audio = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+    return asr._decode(engine, model, audio, "en"), model.full_passes
+
+
+def test_the_fast_pass_stands_when_the_decoder_is_sure_and_the_30_s_pass_decides_otherwise(
+    asr: FasterWhisperASR, command_16k: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert asr.fast_pass and asr.window_s == 30  # the defaults
+    monkeypatch.setattr(faster_whisper, "CONFIDENT_LOGPROB", -10.0)  # any answer is sure
+    text, full_passes = decode(asr, command_16k)
+    assert "kitchen light" in text.lower() and full_passes == 0
+    monkeypatch.setattr(faster_whisper, "CONFIDENT_LOGPROB", 0.1)  # no answer is sure
+    text, full_passes = decode(asr, command_16k)
+    assert "kitchen light" in text.lower() and full_passes == 1
+    # Without the fast pass, and for utterances over 7 s, only the 30 s pass runs.
+    monkeypatch.setattr(faster_whisper, "CONFIDENT_LOGPROB", -10.0)
+    assert decode(FasterWhisperASR(fast_pass=False), command_16k)[1] == 1
+    long = command_16k * 4 + bytes(16000 * 2)
+    text, full_passes = decode(asr, long)
+    assert full_passes == 1 and text.lower().count("kitchen light") >= 3
+
+
+@pytest.mark.parametrize(
+    ("text", "avg_logprob", "stands"),
+    [
+        (" Turn on the kitchen light.", -0.15, True),
+        (" Turn on the kitchen light.", -0.2, True),
+        (" Turn on the kitchen light.", -0.35, False),  # unsure: decoded again over 30 s
+        (" Yes." * 40, -0.05, False),  # a looping decode, however sure (Whisper's compression rule)
+        ("", -0.1, True),  # nothing said, surely
+    ],
+)
+def test_confident_rules(text: str, avg_logprob: float, stands: bool) -> None:
+    assert confident(text, avg_logprob) is stands
 
 
 async def test_silence_is_an_empty_transcript(asr: FasterWhisperASR) -> None:
@@ -124,6 +180,7 @@ def test_the_window_is_an_option_an_operator_can_set_within_bounds() -> None:
     from conversations.providers.options import OptionsError, validate_options
 
     assert validate_options("asr", "faster_whisper", {"window_s": 12}) == {"window_s": 12}
+    assert validate_options("asr", "faster_whisper", {"fast_pass": False}) == {"fast_pass": False}
     for wrong in (7, 31, "short"):
         with pytest.raises(OptionsError):
             validate_options("asr", "faster_whisper", {"window_s": wrong})

@@ -19,22 +19,24 @@ No-speech filtering (why each rule exists):
 faster-whisper's built-in skip is disabled (thresholds None) so all of this lives in one
 documented, unit-tested function, `keep_segment`.
 
-A shorter encoder window, off by default (`window_s=12`: utterances up to 7 s,
-`_decode_short`), an operator's choice of speed over accuracy: `WhisperModel.transcribe` always
-pads the features to Whisper's 30 s window, and the encoder over those 1,500 positions was ~290
-ms of the ~340 ms a 2 s question took on 2 cores (int8, 2 threads); over 600 positions a
-question takes ~180 ms in all (P4 in docs/performance.md). The window is not cut to the speech:
-tiny.en needs padding after it (with 1 s or less it repeats "Yes. Yes. ..." up to the token
-limit; with 5 s it heard "Turn" as "Pern"). On 32 Piper utterances (248 words) 10 s made 6 word
-errors against 4 with 30 s, the same 6 with any window from 8 to 20 s ("Romeo" heard as
-"Romito", "Paris" as "pairs"): the price of the ~160 ms. 10 s (~120 ms) heard a test sentence
-wrong ("the kitchen light is on now" as "the kitchen lighting on now", as did 8 s); 12 s heard
-it right, but under a parallel test run heard "What is the weather this week?" as "… water …"
-in the echo end-to-end test, so the default stays Whisper's 30 s. Longer utterances always take
-the stock 30 s path. The short path calls the CTranslate2 model (`WhisperModel.model.encode` /
-`generate`) with the options `_decode` gives `transcribe`, so `keep_segment` sees the same
-no_speech_prob and avg_logprob (through the same path with a 30 s window it made the stock 4
-errors).
+Two passes, the first one short (`fast_pass`, on by default). `WhisperModel.transcribe` always
+pads the features to Whisper's 30 s window, and the encoder over those 1,500 positions is ~290 ms
+of the ~340 ms a 2 s question takes on 2 cores (int8, 2 threads); over a 12 s window (600
+positions) a question takes ~170 ms in all. A short window alone costs accuracy on natural speech
+(100 Piper utterances: 29 word errors against 20 over 30 s), so an utterance up to 7 s is first
+decoded over 12 s and that answer stands only when the decoder was sure of it (`confident`:
+avg_logprob ≥ -0.2, and not a looping decode by Whisper's own compression-ratio rule);
+otherwise it is decoded again over the full 30 s, as `transcribe` would. On 200 utterances (100
+Piper, 100 espeak-ng; 1,266 words) the two passes made 142 word errors against 143 for the
+30 s window alone, and the short answer stood for 72 of the 100 Piper utterances (docs/
+performance.md, P4). The short window is not cut to the speech: tiny.en needs padding after it
+(with 1 s or less it repeats "Yes. Yes. ..." up to the token limit; with 5 s it heard "Turn" as
+"Pern"). The short path calls the CTranslate2 model (`WhisperModel.model.encode` / `generate`)
+with the options `_decode_full` gives `transcribe`, so `keep_segment` sees the same no_speech_prob
+and avg_logprob.
+
+`window_s` below 30 (e.g. 12) makes every utterance up to `window_s` − 5 s take that window
+alone, with no second pass: an operator's choice of speed over accuracy.
 """
 from __future__ import annotations
 
@@ -64,7 +66,10 @@ SILENCE_HALLUCINATIONS = frozenset(
 )
 FULL_WINDOW_S = 30  # Whisper's own window (the default: the most accurate)
 MIN_WINDOW_S = 8
+FAST_WINDOW_S = 12  # the first pass's window (module docstring)
 PADDING_AFTER_S = 5  # a short window keeps this much after the speech (less loops, module docstring)
+CONFIDENT_LOGPROB = -0.2  # the first pass's answer stands at or above this avg_logprob
+MAX_COMPRESSION_RATIO = 2.4  # Whisper's own sign of a looping decode (its fallback rule)
 MAX_TOKENS_PER_S = 12  # ~3x fast speech: bounds a decoder that loops instead of ending
 _ANNOTATION = re.compile(r"^\s*(\[[^\]]*\]|\([^)]*\)|\*[^*]*\*)\s*$")
 _PUNCT = re.compile(r"[^\w\s']+")
@@ -78,6 +83,20 @@ def keep_segment(text: str, no_speech_prob: float, avg_logprob: float) -> bool:
         return False
     normalized = _PUNCT.sub("", text).strip().lower()
     return not (normalized in SILENCE_HALLUCINATIONS and no_speech_prob > NO_SPEECH_PROB)
+
+
+def confident(text: str, avg_logprob: float) -> bool:
+    """Whether the fast pass's answer stands without the 30 s pass (module docstring)."""
+    from faster_whisper.transcribe import get_compression_ratio  # noqa: PLC0415 - loaded with the model
+
+    return avg_logprob >= CONFIDENT_LOGPROB and get_compression_ratio(text) <= MAX_COMPRESSION_RATIO
+
+
+@dataclass(frozen=True)
+class _ShortAnswer:
+    text: str  # what the segment says
+    avg_logprob: float
+    kept: bool  # keep_segment's verdict
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -198,11 +217,13 @@ class FasterWhisperASR:
         max_concurrency: int = 1,
         beam_size: int = 1,
         window_s: float = FULL_WINDOW_S,
+        fast_pass: bool = True,
         **_: Any,
     ) -> None:
         self.model = model
-        # `window_s` < 30 (e.g. 12): the faster, slightly less accurate short path (module docstring)
+        # `window_s` < 30 (e.g. 12): the short window alone, faster and less accurate (module docstring)
         self.window_s = int(min(FULL_WINDOW_S, max(MIN_WINDOW_S, float(window_s))))
+        self.fast_pass = bool(fast_pass)
         self.compute_type = compute_type
         self.threads = max(1, int(threads))
         self.max_concurrency = max(1, int(max_concurrency))
@@ -272,8 +293,20 @@ class FasterWhisperASR:
         return text
 
     def _decode(self, engine: _Engine, model: Any, audio: np.ndarray, language: str | None) -> str:
-        if self.window_s < FULL_WINDOW_S and len(audio) <= (self.window_s - PADDING_AFTER_S) * WHISPER_RATE:
-            return self._decode_short(engine, model, audio, language)
+        if self.window_s < FULL_WINDOW_S and _fits(audio, self.window_s):
+            return self._answer(self._decode_short(engine, model, audio, language, self.window_s))
+        if self.fast_pass and _fits(audio, FAST_WINDOW_S):
+            fast = self._decode_short(engine, model, audio, language, FAST_WINDOW_S)
+            if confident(fast.text, fast.avg_logprob):
+                return self._answer(fast)
+            logger.debug("whisper fast pass not sure; decoding over 30 s", extra={"avg_logprob": fast.avg_logprob})
+        return self._decode_full(model, audio, language)
+
+    @staticmethod
+    def _answer(short: _ShortAnswer) -> str:
+        return short.text.strip() if short.kept else ""
+
+    def _decode_full(self, model: Any, audio: np.ndarray, language: str | None) -> str:
         segments, _info = model.transcribe(
             audio,
             language=language,
@@ -292,13 +325,15 @@ class FasterWhisperASR:
         ]
         return " ".join(t for t in kept if t).strip()
 
-    def _decode_short(self, engine: _Engine, model: Any, audio: np.ndarray, language: str | None) -> str:
+    def _decode_short(
+        self, engine: _Engine, model: Any, audio: np.ndarray, language: str | None, window_s: int
+    ) -> _ShortAnswer:
         """One greedy (or `beam_size`) pass over a `window_s` encoder window (module docstring)."""
         from faster_whisper.transcribe import get_ctranslate2_storage  # noqa: PLC0415 - loaded with the model
 
         features = model.feature_extractor(audio)  # (mels, frames) as transcribe computes them
         # Zero features after the speech, as faster-whisper's pad_or_trim pads its 30 s window.
-        padded = np.pad(features, ((0, 0), (0, max(0, self.window_s * 100 - features.shape[-1]))))
+        padded = np.pad(features, ((0, 0), (0, max(0, window_s * 100 - features.shape[-1]))))
         encoded = model.model.encode(get_ctranslate2_storage(padded[np.newaxis]))
         if language is None:  # a multilingual model asked to detect the language
             language = model.model.detect_language(encoded)[0][0][0][2:-2]  # "<|de|>" -> "de"
@@ -318,7 +353,12 @@ class FasterWhisperASR:
         # faster-whisper's avg_logprob: the score is the length-normalized sum (penalty 1).
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
         text = str(tokenizer.decode(tokens))
-        return text.strip() if keep_segment(text, result.no_speech_prob, avg_logprob) else ""
+        return _ShortAnswer(text, avg_logprob, keep_segment(text, result.no_speech_prob, avg_logprob))
+
+
+def _fits(audio: np.ndarray, window_s: int) -> bool:
+    """Whether `audio` leaves a `window_s` window the padding tiny.en needs after the speech."""
+    return len(audio) <= (window_s - PADDING_AFTER_S) * WHISPER_RATE
 
 
 def _prompt(engine: _Engine, model: Any, language: str | None) -> tuple[Any, list[int], list[int]]:
