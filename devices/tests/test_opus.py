@@ -103,6 +103,22 @@ def test_device_style_uplink_decodes_packet_by_packet() -> None:
     assert _best_correlation(clip, decoded) > 0.8
 
 
+def test_decoder_matches_opuslib_sample_for_sample_and_its_output_is_not_reused() -> None:
+    """The direct libopus call (one buffer per decoder) gives opuslib's output, and each
+    result is a copy: the next decode does not change an earlier one."""
+    import opuslib
+
+    clip = with_silence(speak("what time is it", rate=16000), 16000, 300, 300)
+    packets = opus_packets(clip)
+    reference = opuslib.Decoder(16000, 1)
+    decoder = OpusDecoder(16000)
+    ours = [decoder.decode(p) for p in packets]
+    assert ours == [reference.decode(p, 1920) for p in packets]
+    assert len({id(pcm) for pcm in ours}) == len(ours) and any(ours[0] != pcm for pcm in ours)
+    stereo = OpusDecoder(16000, channels=2)
+    assert len(stereo.decode(packets[0])) == 2 * len(ours[0])
+
+
 def test_missing_libopus_is_reported_as_audio_error(monkeypatch: pytest.MonkeyPatch) -> None:
     # Re-import opuslib with the shared library "absent", as on a host without libopus0.
     for name in [m for m in sys.modules if m == "opuslib" or m.startswith("opuslib.")]:

@@ -1,0 +1,112 @@
+"""ws_fastpath: the integer XOR masker gives autobahn's own maskers' bytes, whole or in pieces;
+received bytes reach autobahn's frame parser as before."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from autobahn.websocket import protocol
+from autobahn.websocket.xormasker import create_xor_masker as autobahn_masker
+
+from autobahn.twisted.websocket import WebSocketAdapterProtocol
+from xiaozhi_site import ws_fastpath
+from xiaozhi_site.ws_fastpath import IntXorMasker
+
+
+@pytest.mark.parametrize("size", [0, 1, 3, 4, 5, 127, 128, 136, 1000, 65536 + 3])
+def test_it_unmasks_like_autobahn(size: int) -> None:
+    mask, data = os.urandom(4), os.urandom(size)
+    ours, theirs = IntXorMasker(mask), autobahn_masker(mask, size)
+    assert ours.process(data) == theirs.process(data)
+    assert ours.pointer() == theirs.pointer() == size
+
+
+def test_a_payload_in_pieces_keeps_the_keys_phase() -> None:
+    mask, data = os.urandom(4), os.urandom(1001)
+    whole = autobahn_masker(mask, len(data)).process(data)
+    ours = IntXorMasker(mask)
+    pieces = [ours.process(data[a:b]) for a, b in ((0, 1), (1, 6), (6, 6), (6, 503), (503, 1001))]
+    assert b"".join(pieces) == whole
+    assert ours.pointer() == 1001
+    ours.reset()
+    assert ours.pointer() == 0 and ours.process(data[:9]) == whole[:9]
+
+
+def test_masking_twice_gives_the_data_back() -> None:
+    mask, data = b"\x01\x02\x03\x04", b"hello, device"
+    assert IntXorMasker(mask).process(IntXorMasker(mask).process(data)) == data
+
+
+def test_install_swaps_autobahns_factory_and_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(protocol, "create_xor_masker", autobahn_masker)
+    monkeypatch.setattr(WebSocketAdapterProtocol, "dataReceived", WebSocketAdapterProtocol.dataReceived)
+    ws_fastpath.install()
+    assert ws_fastpath.installed()
+    assert isinstance(protocol.create_xor_masker(b"abcd", 10), IntXorMasker)
+
+
+class FakeConnection:
+    """The attributes of an open autobahn server connection that the short cut reads."""
+
+    def __init__(self, **overrides: object) -> None:
+        self.state = ws_fastpath.OPEN
+        self.data = b""
+        self.current_frame = None
+        self.inside_message = self.failedByMe = self.logOctets = self.logFrames = False
+        self._perMessageCompress = self.trackedTimings = self.autoPingTimeoutCall = None
+        self.maxFramePayloadSize = self.maxMessagePayloadSize = 4096
+        self.trafficStats = type("Stats", (), {})()
+        for name in ("incomingOctetsWireLevel", "incomingOctetsWebSocketLevel", "incomingOctetsAppLevel",
+                     "incomingWebSocketFrames", "incomingWebSocketMessages"):
+            setattr(self.trafficStats, name, 0)
+        self.messages: list[tuple[bytes, bool]] = []
+        self.parsed: list[bytes] = []  # what went to autobahn's own parser
+        for name, value in overrides.items():
+            setattr(self, name, value)
+
+    def _onMessage(self, payload: bytes, is_binary: bool) -> None:
+        self.messages.append((payload, is_binary))
+
+    def _dataReceived(self, data: bytes) -> None:
+        self.parsed.append(data)
+
+
+def frame(payload: bytes, first: int = 0x82, masked: bool = True) -> bytes:
+    mask = b"\x11\x22\x33\x44" if masked else b""
+    size, bit = len(payload), 0x80 if masked else 0
+    length = bytes([size | bit]) if size < 126 else bytes([126 | bit]) + size.to_bytes(2, "big")
+    body = IntXorMasker(mask).process(payload) if masked else payload
+    return bytes([first]) + length + mask + body
+
+
+@pytest.mark.parametrize("size", [1, 125, 126, 140, 4096])
+def test_one_whole_binary_frame_goes_to_the_application_at_once(size: int) -> None:
+    payload = os.urandom(size)
+    connection = FakeConnection()
+    data = frame(payload)
+    ws_fastpath.data_received(connection, data)
+    assert connection.messages == [(payload, True)] and connection.parsed == []
+    stats = connection.trafficStats
+    assert stats.incomingOctetsWireLevel == len(data) and stats.incomingOctetsAppLevel == size
+    assert stats.incomingWebSocketFrames == stats.incomingWebSocketMessages == 1
+
+
+@pytest.mark.parametrize(("data", "overrides"), [
+    (frame(b'{"type":"hello"}', first=0x81), {}),  # text
+    (frame(b"ping", first=0x89), {}),  # control frame
+    (frame(b"part", first=0x02), {}),  # first fragment (no FIN)
+    (frame(b"abc", first=0xC2), {}),  # reserved bit
+    (frame(b"audio", masked=False), {}),  # unmasked: a protocol violation autobahn reports
+    (frame(b"audio")[:-1], {}),  # partial read
+    (frame(b"audio") + frame(b"more"), {}),  # two frames in one read
+    (frame(b""), {}),  # empty message
+    (frame(os.urandom(4097)), {}),  # over the route's limit: autobahn closes with 1009
+    (frame(b"audio"), {"data": b"\x82"}),  # earlier bytes buffered
+    (frame(b"audio"), {"inside_message": True}),
+    (frame(b"audio"), {"state": ws_fastpath.OPEN - 1}),
+    (frame(b"audio"), {"autoPingTimeoutCall": object()}),
+])
+def test_anything_else_takes_autobahns_own_path(data: bytes, overrides: dict[str, object]) -> None:
+    connection = FakeConnection(**overrides)
+    ws_fastpath.data_received(connection, data)
+    assert connection.messages == [] and connection.parsed == [data]

@@ -1,0 +1,125 @@
+"""Two per-frame costs of autobahn (daphne's WebSocket layer) taken off the uplink (issue 17).
+
+Unmasking. Every frame a client sends is XOR-masked with a 4-byte key (RFC 6455 §5.3).
+autobahn's native masker (`autobahn.nvx`, cffi) builds a C object per frame and copies the payload in
+and out of cffi buffers: six cffi calls and an import per frame, ~10-15 us for a device's
+~140-byte audio frame, at ~17 frames a second per device (issue 17). Here the payload and the
+repeated key are XORed as two integers (one C-level pass each way), the same bytes out.
+
+A debug line per read, and the parser for the common frame. autobahn's Twisted adapter logs
+every chunk it receives at debug level, and formats the line's arguments (`hltype`,
+`hlval`: qualified names coloured through click) before the logger drops it: ~6 % of the
+event loop's time at 250 streaming devices.
+`dataReceived` here hands the bytes on without it (autobahn's debug logging is never on),
+and a read holding exactly one whole masked binary message goes to the application at once
+(`data_received` lists what it checks first).
+
+`install()` swaps both; idempotent, applied by xiaozhi_site.asgi with the other daphne
+patches.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class IntXorMasker:
+    """autobahn's masker interface (`process`, `pointer`, `reset`) over Python integers.
+    `process` may be called with a frame's payload in pieces; the key's phase follows."""
+
+    __slots__ = ("_mask", "_ptr")
+
+    def __init__(self, mask: bytes) -> None:
+        if len(mask) != 4:
+            raise ValueError("a WebSocket mask is 4 bytes")
+        self._mask = bytes(mask)
+        self._ptr = 0
+
+    def pointer(self) -> int:
+        return self._ptr
+
+    def reset(self) -> None:
+        self._ptr = 0
+
+    def process(self, data: bytes) -> bytes:
+        size = len(data)
+        if not size:
+            return b""
+        phase = self._ptr & 3
+        mask = self._mask[phase:] + self._mask[:phase]
+        key = (mask * ((size >> 2) + 1))[:size]
+        self._ptr += size
+        return (int.from_bytes(data, "little") ^ int.from_bytes(key, "little")).to_bytes(size, "little")
+
+
+def create_xor_masker(mask: bytes, length: int | None = None) -> IntXorMasker:
+    """autobahn's factory signature; one masker fits every length."""
+    return IntXorMasker(mask)
+
+
+OPEN = 3  # autobahn's WebSocketProtocol.STATE_OPEN (install() checks)
+
+
+def data_received(self: Any, data: bytes) -> None:
+    """`WebSocketAdapterProtocol.dataReceived` without the debug line; a read that is exactly
+    one whole masked binary message (a device's audio frame) goes straight to `_onMessage`.
+
+    autobahn's parser takes ~15 Python calls per frame (header checks, frame and message
+    begin/data/end hooks, the buffers of a fragmented message) for that same outcome. The
+    short cut reads only what it can verify: an open connection with nothing buffered and no
+    message under way, no compression, frame logging, timings or auto-ping timeout, a FIN
+    binary frame without reserved bits, masked, minimal length encoding, non-empty and
+    within the connection's frame and message limits (daphne_limits), ending exactly at the
+    end of the read. Anything else (text, control frames, fragments, partial or coalesced
+    reads, oversized frames) takes autobahn's own path, which also applies the same counters."""
+    if _single_binary_message(self, data):
+        return
+    self._dataReceived(data)
+
+
+def _single_binary_message(self: Any, data: bytes) -> bool:
+    size = len(data)
+    if (size < 7 or data[0] != 0x82 or not data[1] & 0x80 or self.state != OPEN or self.data
+            or self.current_frame is not None or self.inside_message or self.failedByMe
+            or self._perMessageCompress is not None or self.logOctets or self.logFrames
+            or self.trackedTimings or self.autoPingTimeoutCall is not None):
+        return False
+    length = data[1] & 0x7F
+    header = 6
+    if length == 126:
+        length, header = int.from_bytes(data[2:4], "big"), 8
+        if length < 126:
+            return False  # not minimal: autobahn reports the violation
+    elif length == 127:
+        return False
+    if length == 0 or size != header + length:
+        return False
+    for limit in (self.maxFramePayloadSize, self.maxMessagePayloadSize):
+        if 0 < limit < length:
+            return False  # autobahn refuses it (1009)
+    payload = IntXorMasker(data[header - 4 : header]).process(data[header:])
+    stats = self.trafficStats
+    stats.incomingOctetsWireLevel += size
+    stats.incomingOctetsWebSocketLevel += length
+    stats.incomingOctetsAppLevel += length
+    stats.incomingWebSocketFrames += 1
+    stats.incomingWebSocketMessages += 1
+    self._onMessage(payload, True)
+    return True
+
+
+def install() -> None:
+    from autobahn.twisted.websocket import WebSocketAdapterProtocol  # noqa: PLC0415 - daphne's layer
+    from autobahn.websocket import protocol  # noqa: PLC0415
+
+    if protocol.WebSocketProtocol.STATE_OPEN != OPEN:
+        raise RuntimeError("autobahn's connection states changed: review ws_fastpath")
+    protocol.create_xor_masker = create_xor_masker  # type: ignore[assignment]
+    WebSocketAdapterProtocol.dataReceived = data_received  # type: ignore[method-assign]
+
+
+def installed() -> bool:
+    from autobahn.twisted.websocket import WebSocketAdapterProtocol  # noqa: PLC0415
+    from autobahn.websocket import protocol  # noqa: PLC0415
+
+    reader = WebSocketAdapterProtocol.dataReceived
+    return bool(protocol.create_xor_masker is create_xor_masker and reader is data_received)
