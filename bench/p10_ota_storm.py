@@ -12,6 +12,10 @@ they would to a real fleet. Phases:
    address: the check-in that writes), 100 at a time; not a target, reported.
 2. **calm**: `--calm` check-ins one after the other by devices the server knows, nothing
    changed: the OTA round trip of one device on an idle server (target p50 ≤ 10 ms).
+   Then one device connects once, so the server stores its firmware's tool list, and every
+   row of the fleet gets that list: the fleet was online before the power cut, and a
+   reconnecting device's unchanged list is not written again (`--first-connect`: a fleet that
+   never connected, every list new and written).
 3. **storm**: each of the N devices checks in at a random moment within `--window` seconds
    (the OTA POST the firmware sends at boot: its body and headers, a new connection each),
    then opens its WebSocket with the token from the reply, says hello and answers the
@@ -113,6 +117,37 @@ def create_fleet(bench: BenchServer, members: list[Member]) -> None:
     path.write_text(json.dumps([[m.mac, m.client_id] for m in members]))
     env = {**os.environ, **bench.env(), "BENCH_FLEET": str(path)}
     subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=BASE_DIR, env=env, check=True)
+
+
+async def learn_tool_lists(bench: BenchServer, members: list[Member]) -> None:
+    """A reboot storm's fleet was online before the power cut, so each row holds the tool list
+    its firmware reports (the server writes it again only when it changes). One device checks
+    in and connects once, so the server stores the list as it would; the fleet, all on one
+    firmware, then gets the same list."""
+    phase = Phase("learning the tool list")
+    first = members[0]
+    async with http_session() as session:
+        token = await check_in(session, bench.http_url + OTA_PATH, first, phase)
+    if token is None:
+        raise SystemExit(f"the tool list could not be learnt: {phase.errors}")
+    device = LightDevice(bench.ws_url, first.mac, token=token, client_id=first.client_id,
+                         headers={"X-Forwarded-For": first.address})
+    await device.connect()
+    await device.hello(timeout=HELLO_TIMEOUT_S)
+    if not await device.wait(lambda: device.mcp_answered >= 2, timeout=HELLO_TIMEOUT_S):
+        raise SystemExit("the tool list could not be learnt: MCP handshake unfinished")
+    code = (
+        "import time; from devices.models import Device; "
+        "mac = __import__('os').environ['BENCH_FIRST']; deadline = time.monotonic() + 10\n"
+        "while not Device.objects.get(mac=mac).mcp_tools and time.monotonic() < deadline: time.sleep(0.1)\n"
+        "row = Device.objects.get(mac=mac); assert row.mcp_tools, 'no tool list stored'\n"
+        "Device.objects.filter(owner=row.owner).update(mcp_server_info=row.mcp_server_info, "
+        "mcp_tools=row.mcp_tools, mcp_tools_updated_at=row.mcp_tools_updated_at)"
+    )
+    env = {**os.environ, **bench.env(), "BENCH_FIRST": first.mac}
+    await asyncio.to_thread(subprocess.run, [sys.executable, "manage.py", "shell", "-c", code], cwd=BASE_DIR,
+                            env=env, check=True)
+    await device.close()
 
 
 async def check_in(session: aiohttp.ClientSession, url: str, member: Member, phase: Phase) -> str | None:
@@ -254,11 +289,13 @@ async def measured(bench: BenchServer, phase: Phase, work: Awaitable[T]) -> T:
 
 
 async def run(bench: BenchServer, members: list[Member], window: float, calm_count: int,
-              breakdown_rate: float) -> list[Phase]:
+              breakdown_rate: float, first_connect: bool = False) -> list[Phase]:
     url = bench.http_url + OTA_PATH
     phases = [Phase("first check-in (writes)"), Phase("calm: one device at a time")]
     await measured(bench, phases[0], first_check_ins(url, members, phases[0]))
     print(f"  first check-in: {len(phases[0].ota_ms)} answered, {phases[0].error_count} errors", flush=True)
+    if not first_connect:
+        await learn_tool_lists(bench, members)
     await measured(bench, phases[1], calm(url, members[:calm_count], phases[1]))
     print(f"  calm: OTA p50 {fmt(median(phases[1].ota_ms), 2)} ms", flush=True)
     if breakdown_rate:
@@ -320,6 +357,9 @@ def main() -> None:
     parser.add_argument("--servers", default="daphne")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL", ""))
+    parser.add_argument("--first-connect", action="store_true",
+                        help="a fleet that never connected: every device's tool list is new and written "
+                             "(by default the fleet rows hold their firmware's list, as after a power cut)")
     parser.add_argument("--breakdown", type=float, default=0.0, metavar="RATE",
                         help="instead of the storm: check-ins, then connects, paced at RATE per second, "
                              "and the server CPU each one costs")
@@ -337,8 +377,10 @@ def main() -> None:
     with BenchServer(env=env, prefix="p10-", server=mode.server, workers=mode.workers,
                      redis_url=mode.redis_url) as bench:
         create_fleet(bench, members)
-        phases = asyncio.run(run(bench, members, args.window, min(args.calm, args.devices), args.breakdown))
-    report(phases, args.devices, args.window, mode.label, args.breakdown)
+        phases = asyncio.run(run(bench, members, args.window, min(args.calm, args.devices), args.breakdown,
+                                 args.first_connect))
+    report(phases, args.devices, args.window, mode.label + (", first connect" if args.first_connect else ""),
+           args.breakdown)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from conversations.pipeline.config import SessionConfig
 from conversations.pipeline.contracts import EngineContext, VoiceEngine
 from conversations.pipeline.engine import VoiceEngine as FullVoiceEngine
 from conversations.pipeline.session import VoiceSession
-from conversations.selectors import persona_for_device, request_base_url, session_config_for
+from conversations.selectors import persona_for_device_cached, request_base_url, session_config_for
 from conversations.services import DbSessionHooks
 from dashboard.live import REGISTRY as LIVE_FIGURES
 from devices.addresses import header_value, scope_client_address
@@ -105,9 +105,11 @@ def _prepare(auth: DeviceAuthResult, scope: Mapping[str, Any], channel_name: str
     """
     device = auth.device
     assert device is not None
-    persona = persona_for_device(device)
+    persona = persona_for_device_cached(device)
     config = session_config_for(device, auth, persona=persona, request_base_url=request_base_url(scope))
-    previous = device_connection_claim(device_id=device.pk, session_id=config.session_id, channel_name=channel_name)
+    # The row was read a moment ago by the authentication: its channel is the likely previous one.
+    previous = device_connection_claim(device_id=device.pk, session_id=config.session_id, channel_name=channel_name,
+                                       expected=device.channel_name)
     return config, persona.pk, previous
 
 

@@ -23,7 +23,7 @@ from devices.addresses import header_value, scope_client_address  # noqa: F401  
 from devices.auth import DeviceAuthResult
 from devices.models import Device
 from devices.vision import vision_token_issue
-from tools.selectors import mcp_tool_sources
+from tools.selectors import mcp_catalogue_clear, mcp_tool_sources
 
 DEFAULT_PERSONA_NAME = "Xiaozhi"
 VISION_PATH = "/mcp/vision/explain"
@@ -46,19 +46,40 @@ def persona_for_device(device: Device | None) -> Persona:
     return persona_default()
 
 
-# Persona configurations built at connect, by persona revision and environment options: a
-# reboot storm connects thousands of devices with the same persona within seconds, and
-# building one is three queries (~1.5 ms of CPU). A persona's own edits change its
-# `updated_at`, part of the key, so every process uses them at once; edits of what it refers to
-# (provider configurations, MCP servers, the other personas offered as characters) clear the
-# cache of this process at once (conversations/apps.py) and reach the other workers within
-# PERSONA_CONFIG_TTL_SECONDS.
+# What a connecting device's session is set up from, kept briefly: a reboot storm connects
+# thousands of devices with the same persona within seconds, and reading the persona row
+# (~1 ms of CPU, most of it the ORM building the query), building its configuration (three
+# queries) and reading the MCP catalogue would be repeated for each. Every cache here lives
+# PERSONA_CONFIG_TTL_SECONDS; an edit of a persona or of what it refers to (provider
+# configurations, MCP servers and their tools, the other personas offered as characters)
+# clears them all in this process at once (conversations/apps.py) and reaches the other
+# workers within that second. A persona's own edits also change its `updated_at`, part of
+# the configuration's key.
 PERSONA_CONFIG_TTL_SECONDS = 1.0
 _persona_configs: dict[tuple[int, object, str], tuple[float, PersonaConfig]] = {}
+_device_personas: dict[int | None, tuple[float, Persona]] = {}
 
 
 def persona_configs_clear(**_: object) -> None:
+    """Forget every cached session set-up (a signal receiver: any arguments)."""
     _persona_configs.clear()
+    _device_personas.clear()
+    mcp_catalogue_clear()
+
+
+def persona_for_device_cached(device: Device) -> Persona:
+    """`persona_for_device`, shared by the devices of one persona connecting within
+    PERSONA_CONFIG_TTL_SECONDS (read only: the instance is shared)."""
+    key = device.persona_id  # None: the default persona
+    now = time.monotonic()
+    cached = _device_personas.get(key)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    if len(_device_personas) > 256:  # one entry per persona in use: never many
+        _device_personas.clear()
+    persona = persona_for_device(device)
+    _device_personas[key] = (now + PERSONA_CONFIG_TTL_SECONDS, persona)
+    return persona
 
 
 def persona_config_cached(persona: Persona, env_options: dict[str, dict[str, Any]]) -> PersonaConfig:
@@ -144,7 +165,7 @@ def session_config_for(
         unbound_policy=settings.XIAOZHI_UNBOUND_POLICY,
         weather_base_url=settings.WEATHER_BASE_URL,
         geocoding_url=settings.WEATHER_GEOCODING_URL,
-        tool_sources=tuple(mcp_tool_sources(server_names=persona_cfg.mcp_servers)),
+        tool_sources=tuple(mcp_tool_sources(server_names=persona_cfg.mcp_servers, max_age=PERSONA_CONFIG_TTL_SECONDS)),
     )
 
 

@@ -6,6 +6,7 @@ and the process's one `HISTORY` writer (turns), never from the frame or reply pa
 """
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -42,13 +43,26 @@ def db_text(text: str) -> str:
 
 
 def db_json(value: Any) -> Any:
-    """`value` with NUL removed from every string in it, keys included."""
+    """A copy of `value` with NUL removed from every string in it, keys included.
+
+    Plain JSON without a NUL (nearly always) is copied by a round trip through the C codec,
+    as the database will store it, instead of a walk in Python: every connecting device's
+    tool list passes here. The encoder escapes every NUL, so a `\\u0000` in the text means
+    there may be one (or a literal backslash-u0000): then the walk."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):  # not plain JSON: the walk leaves such values as they are
+        return _without_nul(value)
+    return json.loads(text) if "\\u0000" not in text else _without_nul(value)
+
+
+def _without_nul(value: Any) -> Any:
     if isinstance(value, str):
         return db_text(value)
     if isinstance(value, dict):
-        return {db_json(k): db_json(v) for k, v in value.items()}
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [db_json(item) for item in value]
+        return [_without_nul(item) for item in value]
     return value
 
 

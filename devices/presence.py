@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import timedelta
 
+from django.db import connections, router
 from django.utils import timezone
 
 from devices.models import Device
@@ -26,13 +27,17 @@ TOUCH_INTERVAL_SECONDS = 60
 _CLAIM_ATTEMPTS = 5
 
 
-def device_connection_claim(*, device_id: int, session_id: str, channel_name: str) -> str:
+def device_connection_claim(*, device_id: int, session_id: str, channel_name: str, expected: str | None = None) -> str:
     """Make `session_id` / `channel_name` the device's live connection; returns the channel
     of the connection it replaces ("" if none).
 
     Compare-and-set on the channel name, so of two sockets connecting at once (in any
     processes) each learns the channel of the one before it and exactly one ends up live.
+    `expected` is the channel the caller just read on the row (the authentication's read):
+    tried first, it saves the SELECT when nothing changed in between (one UPDATE per connect).
     """
+    if expected is not None and _claim_if(device_id, expected, channel_name, session_id):
+        return expected
     rows = Device.objects.filter(pk=device_id)
     for _ in range(_CLAIM_ATTEMPTS):
         # [:1] without ORDER BY: .first() would sort by the model's ordering for one row.
@@ -44,6 +49,23 @@ def device_connection_claim(*, device_id: int, session_id: str, channel_name: st
             return previous
     rows.update(channel_name=channel_name, session_id=session_id)  # lost every race: still take it
     return ""
+
+
+def _claim_if(device_id: int, expected: str, channel_name: str, session_id: str) -> bool:
+    """`Device.objects.filter(pk=…, channel_name=expected).update(channel_name=…, session_id=…)`
+    as plain SQL: every connecting device runs it, and the ORM's building of the UPDATE cost
+    more than the statement itself (a reboot storm)."""
+    alias = router.db_for_write(Device)
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    meta = Device._meta
+    channel, session, key = (quote(meta.get_field(name).column or name)  # type: ignore[union-attr]
+                             for name in ("channel_name", "session_id", "id"))
+    sql = (f"UPDATE {quote(meta.db_table)} SET {channel} = %s, {session} = %s "
+           f"WHERE {key} = %s AND {channel} = %s")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, (channel_name, session_id, device_id, expected))
+        return bool(cursor.rowcount)
 
 
 def device_mark_online(*, device_id: int, session_id: str) -> None:

@@ -10,18 +10,22 @@ from django.utils import timezone
 
 from devices.models import ActivationCode, Device, DeviceKey, FirmwareRelease, PairingRequest
 from devices.versions import is_newer, parse_version, version_key
+from xiaozhi_site.row_query import OneRow
 
 
 def device_get_by_mac(*, mac: str) -> Device | None:
     return Device.objects.select_related("owner", "persona").filter(mac=mac).first()
 
 
+_DEVICE_BY_MAC = OneRow(Device, "mac")
+
+
 def device_for_checkin(*, mac: str) -> Device | None:
     """The row alone, as an OTA check or a WebSocket authentication needs it: no joins, no
     ORDER BY (mac is unique; the model's default ordering would add one). Every device of a
-    reboot storm runs this twice, and the ORM's query building is most of its cost."""
-    rows = list(Device.objects.filter(mac=mac).order_by()[:1])
-    return rows[0] if rows else None
+    reboot storm runs this twice, and building the ORM's query was most of its cost: the SQL
+    is built once (xiaozhi_site/row_query.py), the instance is the ORM's."""
+    return _DEVICE_BY_MAC.get(mac)
 
 
 def device_key_for_serial(*, serial_number: str) -> DeviceKey | None:

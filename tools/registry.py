@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -184,6 +185,56 @@ def prepare_tools(
     return prepared, refused
 
 
+# Prepared listings by their content: every device of a firmware lists the same tools, and a
+# reboot storm connects thousands within seconds. The key is the listing itself (JSON of every
+# field of every spec, in order), the source kind and the limits, so a changed list, a changed
+# schema or new limits are a new key; the value is immutable (frozen tools, a validator that
+# compile_schema shares anyway, parameter dicts nobody mutates) and shared by the sessions.
+# Only for our own tools and the device's: a device's listing arrived as at most
+# TOOLS_DEVICE_MAX_PAGES text frames parsed on the event loop, so its key costs about as much
+# again; a remote MCP catalogue may be megabytes, and is not turned into text on the loop.
+_PREPARED_MAX = 256
+_CACHED_KINDS = frozenset({"server", "device"})
+_prepared: dict[tuple[str, ToolLimits, str], tuple[list[PreparedTool], list[tuple[str, str]]]] = {}
+_prepared_lock = threading.Lock()
+
+
+def listing_key(specs: list[ToolSpec], kind: str, limits: ToolLimits) -> tuple[str, ToolLimits, str] | None:
+    """The cache key of one source's listing; None when it is not cached (another kind of
+    source, or a schema that is not plain JSON)."""
+    if kind not in _CACHED_KINDS:
+        return None
+    try:
+        text = json.dumps([[s.name, s.description, s.parameters, s.source, s.user_only, s.origin] for s in specs],
+                          ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return kind, limits, text
+
+
+def prepared_cached(key: tuple[str, ToolLimits, str] | None) -> tuple[list[PreparedTool], list[tuple[str, str]]] | None:
+    """A listing prepared before with the same key (copies of the lists), or None."""
+    found = _prepared.get(key) if key is not None else None
+    return (list(found[0]), list(found[1])) if found is not None else None
+
+
+def prepare_tools_cached(
+    specs: list[ToolSpec], kind: str, limits: ToolLimits, key: tuple[str, ToolLimits, str] | None,
+) -> tuple[list[PreparedTool], list[tuple[str, str]]]:
+    """`prepare_tools`, remembered under `key` (from `listing_key`). Blocking: schema thread."""
+    tools, refused = prepare_tools(specs, kind, limits)
+    if key is not None:
+        with _prepared_lock:  # two schema threads
+            if len(_prepared) >= _PREPARED_MAX:
+                _prepared.pop(next(iter(_prepared)))
+            _prepared[key] = (list(tools), list(refused))
+    return tools, refused
+
+
+def prepared_clear() -> None:
+    _prepared.clear()
+
+
 def prepare_tool(spec: ToolSpec, limits: ToolLimits) -> PreparedTool:
     """One tool, or SchemaRefused saying why it cannot be offered."""
     if len(spec.name) > limits.name_max_chars:
@@ -264,8 +315,16 @@ class Toolset:
         try:
             async with asyncio.timeout(self._list_timeout):
                 specs = await source.list_tools()
-            # Checking schemas takes milliseconds each: never on the event loop.
-            tools, refused = await in_schema_thread(prepare_tools, list(specs), source.kind, self._limits)
+            # Checking schemas takes milliseconds each: never on the event loop. A listing
+            # seen before (the same firmware's tools) is taken as prepared then, without a hop.
+            specs = list(specs)
+            listing = listing_key(specs, source.kind, self._limits)
+            cached = prepared_cached(listing)
+            if cached is not None:
+                tools, refused = cached
+            else:
+                tools, refused = await in_schema_thread(prepare_tools_cached, specs, source.kind, self._limits,
+                                                        listing)
         except (ToolError, TimeoutError) as exc:
             # Expected (server down, device slow): no traceback, the reason is enough.
             reason = str(exc) or type(exc).__name__

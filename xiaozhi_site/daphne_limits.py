@@ -107,6 +107,13 @@ def _install_http(http_protocol: Any) -> None:
     from twisted.web import http
 
     class GuardedRequest(http_protocol.WebRequest):  # type: ignore[name-defined,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # Django reads the body from the ASGI messages; Twisted's own parse of form posts
+            # into `request.args` (the email package for every POST's Content-Type, a whole
+            # multipart body in memory) is never used by daphne: ~4 % of an OTA check's CPU.
+            kwargs.setdefault("parsePOSTFormSubmission", False)
+            super().__init__(*args, **kwargs)
+
         def handleContentChunk(self, data: bytes) -> None:
             if self.channel is not None and self.channel.body_received(len(data)):
                 super().handleContentChunk(data)

@@ -137,7 +137,7 @@ if REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "devices.layers.InMemoryChannelLayer"}}
 
 # The cache holds rate-limit counters; they must be shared by every web process.
 if REDIS_URL:

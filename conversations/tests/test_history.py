@@ -34,6 +34,15 @@ def test_text_is_cleaned_of_nul_everywhere_in_it() -> None:
     assert db_json({"na\x00me": ["x\x00", 1, {"k": "v\x00"}], "n": None}) == {"name": ["x", 1, {"k": "v"}], "n": None}
 
 
+def test_db_json_copies_what_it_is_given_as_the_database_would_store_it() -> None:
+    tools = [{"name": "self.lamp", "inputSchema": {"type": "object", "enum": (1, 2)}}]
+    stored = db_json(tools)
+    assert stored == [{"name": "self.lamp", "inputSchema": {"type": "object", "enum": [1, 2]}}]
+    assert stored is not tools and stored[0] is not tools[0]
+    # A literal backslash-u0000 is text, not a NUL: kept.
+    assert db_json({"text": "\\u0000 and \x00"}) == {"text": "\\u0000 and "}
+
+
 def test_a_batch_of_several_conversations_creates_each_row_with_its_first_turn() -> None:
     device = BoundDeviceFactory()
     key = device_key(device)

@@ -1,5 +1,6 @@
-"""Persona configurations are built once per persona revision and reused briefly by the devices
-connecting at the same time (a reboot storm), without hiding an edit."""
+"""Persona configurations are built once per persona revision, and the persona row and MCP
+catalogue read once, reused briefly by the devices connecting at the same time (a reboot
+storm), without hiding an edit."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,10 +9,16 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from conversations import selectors
 from conversations.models import PersonaProvider, ProviderConfig
-from conversations.selectors import persona_config_cached, persona_configs_clear
+from conversations.selectors import (
+    PERSONA_CONFIG_TTL_SECONDS, persona_config_cached, persona_configs_clear, persona_for_device_cached,
+)
 from conversations.tests.factories import PersonaFactory
+from devices.tests.factories import DeviceFactory
+from tools import selectors as tool_selectors
 from tools.models import McpServer
+from tools.selectors import mcp_tool_sources
 
 pytestmark = pytest.mark.django_db
 
@@ -61,4 +68,67 @@ def test_other_environment_options_build_anew() -> None:
     persona_config_cached(persona, ENV)
     with CaptureQueriesContext(connection) as queries:
         persona_config_cached(persona, {"llm.openai": {"base_url": "http://127.0.0.1:9/v1"}})
+    assert len(queries) > 0
+
+
+# -- the persona row and the MCP catalogue, read once for the devices connecting together -----
+
+
+def setup_queries(device: Any) -> int:
+    with CaptureQueriesContext(connection) as queries:
+        persona = persona_for_device_cached(device)
+        mcp_tool_sources(server_names=("home",), max_age=PERSONA_CONFIG_TTL_SECONDS)
+    assert persona.pk is not None
+    return len(queries)
+
+
+def test_devices_of_one_persona_read_its_row_and_catalogue_once() -> None:
+    persona = PersonaFactory()
+    McpServer.objects.create(name="home", url="http://127.0.0.1:9/mcp")
+    first, second = DeviceFactory(persona=persona), DeviceFactory(persona=persona)
+    assert setup_queries(first) > 0
+    assert setup_queries(second) == 0
+    assert persona_for_device_cached(second) == persona
+    # Each session gets sources of its own, built from the shared catalogue.
+    one, two = (mcp_tool_sources(server_names=("home",), max_age=1.0) for _ in range(2))
+    assert [s.origin for s in one] == ["home"] and one[0] is not two[0]
+
+
+def test_devices_without_a_persona_get_the_default_and_others_their_own() -> None:
+    own = PersonaFactory()
+    default = persona_for_device_cached(DeviceFactory(persona=None))
+    assert default.is_default
+    assert persona_for_device_cached(DeviceFactory(persona=own)) == own
+
+
+def test_an_edit_clears_the_persona_row_and_the_catalogue_at_once() -> None:
+    persona = PersonaFactory(greeting="Hello")
+    device = DeviceFactory(persona=persona)
+    server = McpServer.objects.create(name="home", url="http://127.0.0.1:9/mcp")
+    assert persona_for_device_cached(device).greeting == "Hello"
+    assert mcp_tool_sources(server_names=("home",), max_age=1.0)[0].server.url == "http://127.0.0.1:9/mcp"
+    persona.greeting = "Welcome back"
+    persona.save()
+    assert persona_for_device_cached(device).greeting == "Welcome back"
+    server.url = "http://127.0.0.1:10/mcp"
+    server.save()
+    assert mcp_tool_sources(server_names=("home",), max_age=1.0)[0].server.url == "http://127.0.0.1:10/mcp"
+
+
+def test_the_cache_expires(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another worker's edit sends this process no signal: the row is read again after the TTL."""
+    device = DeviceFactory(persona=PersonaFactory())
+    now = [1000.0]
+    monkeypatch.setattr(selectors.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(tool_selectors.time, "monotonic", lambda: now[0])
+    assert setup_queries(device) > 0
+    now[0] += PERSONA_CONFIG_TTL_SECONDS + 0.01
+    assert setup_queries(device) > 0
+
+
+def test_without_max_age_the_catalogue_is_read_each_time() -> None:
+    McpServer.objects.create(name="home", url="http://127.0.0.1:9/mcp")
+    mcp_tool_sources()
+    with CaptureQueriesContext(connection) as queries:
+        mcp_tool_sources()
     assert len(queries) > 0

@@ -392,3 +392,30 @@ async def test_a_burst_of_predictions_beyond_the_bound_is_refused_at_once() -> N
         await model.predict(b"")
     release.set()
     assert (await first).complete
+
+
+def test_warming_a_loaded_model_costs_no_thread_hop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every connecting session warms the shared model; once it is loaded that is nothing."""
+    from conversations.providers.turn import smart_turn  # noqa: PLC0415
+
+    loads: list[str] = []
+    submitted: list[object] = []
+
+    def load(path: object, threads: int) -> object:
+        loads.append(str(path))
+        return object()
+
+    model = smart_turn.SmartTurn(concurrency=1)
+    real_submit = model._pool.submit
+
+    def submit(fn: Any, *args: Any) -> Any:
+        submitted.append(fn)
+        return real_submit(fn, *args)
+
+    monkeypatch.setattr(smart_turn, "_load_session", load)
+    monkeypatch.setattr(model._pool, "submit", submit)
+    model.warm()
+    model._pool.shutdown(wait=True)
+    model.warm()
+    model.warm()
+    assert len(submitted) == 1 and len(loads) == 1

@@ -10,7 +10,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from devices.auth import device_authenticate
@@ -159,6 +161,26 @@ def test_a_claim_hands_back_the_channel_it_replaces() -> None:
     device = BoundDeviceFactory()
     assert device_connection_claim(device_id=device.pk, session_id="s1", channel_name="chan.a") == ""
     assert device_connection_claim(device_id=device.pk, session_id="s2", channel_name="chan.b") == "chan.a"
+    device.refresh_from_db()
+    assert (device.session_id, device.channel_name) == ("s2", "chan.b")
+
+
+def test_a_claim_with_the_channel_just_read_is_one_update() -> None:
+    device = BoundDeviceFactory()
+    device_connection_claim(device_id=device.pk, session_id="s1", channel_name="chan.a")
+    with CaptureQueriesContext(connection) as queries:
+        previous = device_connection_claim(device_id=device.pk, session_id="s2", channel_name="chan.b",
+                                           expected="chan.a")
+    assert previous == "chan.a" and len(queries) == 1
+
+
+def test_a_claim_whose_read_is_stale_still_learns_the_channel_it_replaces() -> None:
+    """Another socket of the device claimed the row between the authentication's read and this
+    claim: the compare-and-set misses and the row is read again."""
+    device = BoundDeviceFactory()
+    device_connection_claim(device_id=device.pk, session_id="s1", channel_name="chan.a")
+    assert device_connection_claim(device_id=device.pk, session_id="s2", channel_name="chan.b",
+                                   expected="") == "chan.a"
     device.refresh_from_db()
     assert (device.session_id, device.channel_name) == ("s2", "chan.b")
 

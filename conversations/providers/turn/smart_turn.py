@@ -96,8 +96,10 @@ class SmartTurn:
         return TurnVerdict(probability > THRESHOLD, probability, elapsed_ms)
 
     def warm(self) -> None:
-        """Load the model in a model thread now, so the first pause does not pay for it."""
-        self._pool.submit(self.session)
+        """Load the model in a model thread now, so the first pause does not pay for it.
+        Once loaded, nothing: every connecting session calls this (no thread hop each)."""
+        if self._session is None:
+            self._pool.submit(self.session)
 
     def session(self) -> Any:
         with self._load_lock:
