@@ -92,6 +92,7 @@ class CpuMill:
         self._pending: list[_Pending] = []
         self._last_group = 0  # jobs in the group started last: the load
         self._gather_until = 0.0  # loop time the gathering group starts at (0: none)
+        self._gather_loop: asyncio.AbstractEventLoop | None = None  # whose timer that is
 
     @classmethod
     def for_executor(cls, executor: Executor) -> CpuMill:
@@ -122,8 +123,8 @@ class CpuMill:
             return False
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if not self._gather_until:
-            self._gather_until = now + self.gather_s
+        if not self._gather_until or self._gather_loop is not loop:  # (a mill outlives a test's loop)
+            self._gather_until, self._gather_loop = now + self.gather_s, loop
             loop.call_at(self._gather_until, self._start_groups)
         if now < self._gather_until:
             return True
