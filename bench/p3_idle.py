@@ -208,6 +208,9 @@ def main() -> None:
     raise_fd_limit(args.devices * 2 + 1000)
     env = {
         "XIAOZHI_MAX_DEVICE_CONNECTIONS": str(args.devices + 100),
+        # The benchmark's devices are not paired: lift the cap on unpaired sockets (200 per
+        # worker, a protection against unauthenticated floods) so it measures idle capacity.
+        "XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS": str(args.devices + 100),
         "XIAOZHI_IDLE_TIMEOUT_SECONDS": "3600", "XIAOZHI_HARD_TIMEOUT_SECONDS": "3600",
     }
     with BenchServer(env=env, prefix="p3-", workers=args.workers, redis_url=args.redis) as bench:
