@@ -69,3 +69,27 @@ async def test_a_runner_that_raises_fails_only_its_own_jobs() -> None:
     results = await asyncio.gather(blocker, broken, fine, return_exceptions=True)
     assert results[0] == "first" and isinstance(results[1], RuntimeError) and results[2] == "fine"
     pool.shutdown()
+
+
+async def test_under_load_a_group_gathers_jobs_but_a_lone_job_starts_at_once() -> None:
+    """Idle: a job starts at once. After a group of `busy_group` or more, the next waits up
+    to `gather_s` for `full_group` jobs (larger model runs), or starts when that many wait."""
+    pool = ThreadPoolExecutor(1)
+    mill = CpuMill(pool, max_inflight=1)
+    mill.gather_s, mill.busy_group, mill.full_group = 0.2, 2, 4
+    runner = Doubler()
+    assert await mill.run_batched(runner, 1) == 2  # idle: no wait
+    first = mill.run(lambda: "plain")  # holds the slot: the next two go as one group
+    assert await asyncio.gather(first, *(mill.run_batched(runner, n) for n in (1, 2))) == ["plain", 2, 4]
+    assert runner.calls == [1, 2]  # a group of 2: busy from now on
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    gathered = [mill.run_batched(runner, n) for n in (3, 4)]
+    await asyncio.sleep(0.05)
+    assert runner.calls == [1, 2]  # waiting for more
+    assert await asyncio.gather(*gathered) == [6, 8]
+    assert loop.time() - started >= 0.19 and runner.calls == [1, 2, 2]  # the timer started them together
+    full = [mill.run_batched(runner, n) for n in range(4)]  # a full group does not wait
+    assert await asyncio.wait_for(asyncio.gather(*full), 0.1) == [0, 2, 4, 6]
+    assert runner.calls == [1, 2, 2, 4]
+    pool.shutdown()
