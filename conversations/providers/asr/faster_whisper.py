@@ -20,23 +20,24 @@ faster-whisper's built-in skip is disabled (thresholds None) so all of this live
 documented, unit-tested function, `keep_segment`.
 
 Two passes, the first one short (`fast_pass`, off by default). `WhisperModel.transcribe` always
-pads the features to Whisper's 30 s window, and the encoder over those 1,500 positions is ~290 ms
-of the ~340 ms a 2 s question takes on 2 cores (int8, 2 threads); over a 12 s window (600
-positions) a question takes ~170 ms in all. A short window alone costs accuracy on natural speech
-(100 Piper utterances: 29 word errors against 20 over 30 s), so an utterance up to 7 s is first
-decoded over 12 s and that answer stands only when the decoder was sure of it (`confident`:
-avg_logprob ≥ -0.2, and not a looping decode by Whisper's own compression-ratio rule);
-otherwise it is decoded again over the full 30 s, as `transcribe` would. On 200 utterances (100
-Piper, 100 espeak-ng; 1,266 words) the two passes made 142 word errors against 143 for the
-30 s window alone, and the short answer stood for 72 of the 100 Piper utterances (docs/
-performance.md, P4). It is off by default: an unsure utterance pays for both passes (~510 ms),
-and with a fixed silence window the 30 s pass alone was already done before the window ended,
-so there the two passes only made P4's slow turns slower (p90 1,032 → 1,189 ms). It pays with
-Smart Turn, where the turn can end ~250 ms after the speech and the transcript is waited for. The short window is not cut to the speech: tiny.en needs padding after it
-(with 1 s or less it repeats "Yes. Yes. ..." up to the token limit; with 5 s it heard "Turn" as
-"Pern"). The short path calls the CTranslate2 model (`WhisperModel.model.encode` / `generate`)
-with the options `_decode_full` gives `transcribe`, so `keep_segment` sees the same no_speech_prob
-and avg_logprob.
+pads the features to Whisper's 30 s window, and the encoder over those 1,500 positions is ~290
+ms of the ~340 ms a 2 s question takes on 2 cores (int8, 2 threads); over a 12 s window (600
+positions) a question takes ~170 ms in all. A short window alone costs accuracy on natural
+speech (100 Piper utterances: 29 word errors against 20 over 30 s), so an utterance up to 7 s is
+first decoded over 12 s and that answer stands only when the decoder was sure of it
+(`confident`: avg_logprob ≥ -0.2, and not a looping decode by Whisper's own compression-ratio
+rule); otherwise it is decoded again over the full 30 s, as `transcribe` would. On 200
+utterances (100 Piper, 100 espeak-ng; 1,266 words) the two passes made 142 word errors against
+143 for the 30 s window alone, and the short answer stood for 72 of the 100 Piper utterances
+(docs/performance.md, P4). It is off by default: an unsure utterance pays for both passes (~510
+ms), and with a fixed silence window the 30 s pass alone was already done before the window
+ended, so there the two passes only made P4's slow turns slower (p90 1,032 → 1,189 ms). It pays
+with Smart Turn, where the turn can end ~250 ms after the speech and the transcript is waited
+for. The short window is not cut to the speech: tiny.en needs padding after it (with 1 s or less
+it repeats "Yes. Yes. ..." up to the token limit; with 5 s it heard "Turn" as "Pern"). The short
+path calls the CTranslate2 model (`WhisperModel.model.encode` / `generate`) with the options
+`_decode_full` gives `transcribe`, so `keep_segment` sees the same no_speech_prob and
+avg_logprob.
 
 `window_s` below 30 (e.g. 12) makes every utterance up to `window_s` − 5 s take that window
 alone, with no second pass: an operator's choice of speed over accuracy.
