@@ -8,7 +8,6 @@ ORM or django.conf. Called once per connection, inside the consumer's single
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -24,6 +23,7 @@ from devices.auth import DeviceAuthResult
 from devices.models import Device
 from devices.vision import vision_token_issue
 from tools.selectors import mcp_catalogue_clear, mcp_tool_sources
+from xiaozhi_site.expiring import Expiring
 
 DEFAULT_PERSONA_NAME = "Xiaozhi"
 VISION_PATH = "/mcp/vision/explain"
@@ -56,8 +56,8 @@ def persona_for_device(device: Device | None) -> Persona:
 # workers within that second. A persona's own edits also change its `updated_at`, part of
 # the configuration's key.
 PERSONA_CONFIG_TTL_SECONDS = 1.0
-_persona_configs: dict[tuple[int, object, str], tuple[float, PersonaConfig]] = {}
-_device_personas: dict[int | None, tuple[float, Persona]] = {}
+_persona_configs: Expiring[tuple[int, object, str], PersonaConfig] = Expiring()
+_device_personas: Expiring[int | None, Persona] = Expiring()
 
 
 def persona_configs_clear(**_: object) -> None:
@@ -70,30 +70,14 @@ def persona_configs_clear(**_: object) -> None:
 def persona_for_device_cached(device: Device) -> Persona:
     """`persona_for_device`, shared by the devices of one persona connecting within
     PERSONA_CONFIG_TTL_SECONDS (read only: the instance is shared)."""
-    key = device.persona_id  # None: the default persona
-    now = time.monotonic()
-    cached = _device_personas.get(key)
-    if cached is not None and cached[0] > now:
-        return cached[1]
-    if len(_device_personas) > 256:  # one entry per persona in use: never many
-        _device_personas.clear()
-    persona = persona_for_device(device)
-    _device_personas[key] = (now + PERSONA_CONFIG_TTL_SECONDS, persona)
-    return persona
+    # Keyed by persona (None: the default persona).
+    return _device_personas.get(device.persona_id, lambda: persona_for_device(device), PERSONA_CONFIG_TTL_SECONDS)
 
 
 def persona_config_cached(persona: Persona, env_options: dict[str, dict[str, Any]]) -> PersonaConfig:
     """`persona_config`, reused for PERSONA_CONFIG_TTL_SECONDS (PersonaConfig is immutable)."""
     key = (persona.pk, persona.updated_at, json.dumps(env_options, sort_keys=True, default=str))
-    now = time.monotonic()
-    cached = _persona_configs.get(key)
-    if cached is not None and cached[0] > now:
-        return cached[1]
-    if len(_persona_configs) > 256:  # old revisions and options: never more than a handful live
-        _persona_configs.clear()
-    config = persona_config(persona, env_options)
-    _persona_configs[key] = (now + PERSONA_CONFIG_TTL_SECONDS, config)
-    return config
+    return _persona_configs.get(key, lambda: persona_config(persona, env_options), PERSONA_CONFIG_TTL_SECONDS)
 
 
 def persona_config(persona: Persona, env_options: dict[str, dict[str, Any]] | None = None) -> PersonaConfig:

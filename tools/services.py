@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 def remote_server_for(server: McpServer) -> RemoteMcpServer:
     return RemoteMcpServer(
-        server.name, server.url, server.transport, headers=server.headers or {},
+        server.name, server.url, server.transport, headers=dict(server.headers or {}),  # its own copy
         timeout=settings.TOOLS_MCP_TIMEOUT,
     )
 

@@ -9,14 +9,13 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from conversations import selectors
+from xiaozhi_site import expiring
 from conversations.models import PersonaProvider, ProviderConfig
 from conversations.selectors import (
     PERSONA_CONFIG_TTL_SECONDS, persona_config_cached, persona_configs_clear, persona_for_device_cached,
 )
 from conversations.tests.factories import PersonaFactory
 from devices.tests.factories import DeviceFactory
-from tools import selectors as tool_selectors
 from tools.models import McpServer
 from tools.selectors import mcp_tool_sources
 
@@ -119,8 +118,7 @@ def test_the_cache_expires(monkeypatch: pytest.MonkeyPatch) -> None:
     """Another worker's edit sends this process no signal: the row is read again after the TTL."""
     device = DeviceFactory(persona=PersonaFactory())
     now = [1000.0]
-    monkeypatch.setattr(selectors.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(tool_selectors.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(expiring.time, "monotonic", lambda: now[0])  # the clock of every such cache
     assert setup_queries(device) > 0
     now[0] += PERSONA_CONFIG_TTL_SECONDS + 0.01
     assert setup_queries(device) > 0
