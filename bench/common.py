@@ -148,16 +148,20 @@ class BenchServer:
     """A migrated temporary data directory and the running server on it.
 
     `persona` updates the default persona (created by a migration) before the server starts;
-    `env` adds server settings. Use as a context manager; `restart()` starts a fresh server
-    process on the same database (a new stats file each time).
+    `provider_options` sets the options of the seeded provider configurations, keyed
+    "<stage>.<kind>" (e.g. {"asr.faster_whisper": {"fast_pass": True}}); `env` adds server
+    settings. Use as a context manager; `restart()` starts a fresh server process on the same
+    database (a new stats file each time).
     """
 
     def __init__(self, *, persona: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-                 prefix: str = "bench-", server: str = "daphne", workers: int = 1, redis_url: str = "") -> None:
+                 prefix: str = "bench-", server: str = "daphne", workers: int = 1, redis_url: str = "",
+                 provider_options: dict[str, dict[str, Any]] | None = None) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
         self.data_dir = Path(self._tmp.name)
         self.db_path = self.data_dir / "db.sqlite3"
         self.persona = persona or {}
+        self.provider_options = provider_options or {}
         self.extra_env = env or {}
         self.mode = ServerMode(server, workers, redis_url)
         self.server: AsgiServer | None = None
@@ -187,9 +191,13 @@ class BenchServer:
         code = (
             "import json, os; from conversations.models import Persona; "
             "p = Persona.objects.get(is_default=True); "
-            "[setattr(p, k, v) for k, v in json.loads(os.environ['BENCH_PERSONA']).items()]; p.save()"
+            "[setattr(p, k, v) for k, v in json.loads(os.environ['BENCH_PERSONA']).items()]; p.save(); "
+            "from conversations.models import ProviderConfig; "
+            "[ProviderConfig.objects.filter(stage=key.split('.')[0], kind=key.split('.')[1]).update(options=o) "
+            " for key, o in json.loads(os.environ['BENCH_PROVIDER_OPTIONS']).items()]"
         )
         env["BENCH_PERSONA"] = json.dumps(self.persona)
+        env["BENCH_PROVIDER_OPTIONS"] = json.dumps(self.provider_options)
         subprocess.run([*manage, "shell", "-c", code], cwd=BASE_DIR, env=env, check=True)
 
     def start(self) -> AsgiServer:

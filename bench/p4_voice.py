@@ -5,6 +5,7 @@ p50 ≤ silence window + 400 ms.
 
     .venv/bin/python bench/p4_voice.py [--turns 10] [--silence-ms 600] [--tts piper|espeak]
                                        [--turn silence|smart] [--speech espeak|piper]
+                                       [--asr-options '{"fast_pass": true}']
 
 `--turn smart` gives the persona semantic end of turn (Smart Turn v3.2, 100 ms pause, 1.5 s
 at most; issue 16's target p50 ≤ 650 ms); run it with `--speech piper`, since espeak-ng's
@@ -80,6 +81,7 @@ class Result:
     tts: str
     turn: str = "silence"
     speech: str = "espeak"
+    asr_options: dict[str, object] = field(default_factory=dict)
     turns: list[Turn] = field(default_factory=list)
     timings: list[dict[str, float]] = field(default_factory=list)
     served: Counter[str] = field(default_factory=Counter)  # TTS provider per stored turn
@@ -134,7 +136,8 @@ def tts_served(bench: BenchServer, since_id: int) -> Counter[str]:
 def report(result: Result) -> None:
     target = SMART_TARGET_MS if result.turn == "smart" else result.silence_ms + EXTRA_TARGET_MS
     print(header("P4 — local voice-to-voice (end of user speech → first reply audio frame)"))
-    print(f"faster-whisper tiny.en int8 (2 threads) + LLM stub, first token after {FIRST_TOKEN_S * 1000:.0f} ms "
+    print(f"faster-whisper tiny.en int8 (2 threads, options {json.dumps(result.asr_options)}) + LLM stub, "
+          f"first token after {FIRST_TOKEN_S * 1000:.0f} ms "
           f"+ {TTS_LABELS[result.tts]}; "
           + ("Smart Turn (100 ms pause, 1.5 s at most)" if result.turn == "smart"
              else f"silence window {result.silence_ms} ms"))
@@ -181,16 +184,19 @@ def main() -> None:
     parser.add_argument("--turn", choices=("silence", "smart"), default="silence",
                         help="the persona's turn detection (smart: Smart Turn v3.2)")
     parser.add_argument("--speech", choices=("espeak", "piper"), default="espeak", help="the device's voice")
+    parser.add_argument("--asr-options", type=json.loads, default={},
+                        help='options of the faster-whisper configuration, as JSON (e.g. \'{"fast_pass": true}\')')
     args = parser.parse_args()
     if args.speech == "piper":
         SPEAKERS["piper"] = PiperSpeaker().say
     persona = {"asr_providers": ["faster_whisper"], "llm_providers": ["openai"], "tts_providers": [args.tts],
                "language": "en", "greeting": "", "exit_phrases": [], "vad_min_silence_ms": args.silence_ms,
                "turn_detection": args.turn}
-    result = Result(args.silence_ms, args.tts, args.turn, args.speech)
+    result = Result(args.silence_ms, args.tts, args.turn, args.speech, args.asr_options)
     with FakeOpenAI(default=Reply(text=ANSWER, first_token_delay=FIRST_TOKEN_S)) as fake:
         env = {"LLM_BASE_URL": fake.base_url, "LLM_MODEL": "fake-model"}
-        with BenchServer(persona=persona, env=env, prefix="p4-") as bench:
+        with BenchServer(persona=persona, env=env, prefix="p4-",
+                         provider_options={"asr.faster_whisper": args.asr_options}) as bench:
             asyncio.run(run(bench, args, result))
     report(result)
 
