@@ -5,7 +5,7 @@ p50 ≤ silence window + 400 ms.
 
     .venv/bin/python bench/p4_voice.py [--turns 10] [--silence-ms 600] [--tts piper|espeak]
                                        [--turn silence|smart] [--speech espeak|piper]
-                                       [--asr-options '{"fast_pass": true}']
+                                       [--asr-options '{"fast_pass": true}'] [--early-reply on|off]
 
 `--turn smart` gives the persona semantic end of turn (Smart Turn v3.2, 100 ms pause, 1.5 s
 at most; issue 16's target p50 ≤ 650 ms); run it with `--speech piper`, since espeak-ng's
@@ -82,6 +82,7 @@ class Result:
     turn: str = "silence"
     speech: str = "espeak"
     asr_options: dict[str, object] = field(default_factory=dict)
+    early_reply: bool = True
     turns: list[Turn] = field(default_factory=list)
     timings: list[dict[str, float]] = field(default_factory=list)
     served: Counter[str] = field(default_factory=Counter)  # TTS provider per stored turn
@@ -140,7 +141,8 @@ def report(result: Result) -> None:
           f"first token after {FIRST_TOKEN_S * 1000:.0f} ms "
           f"+ {TTS_LABELS[result.tts]}; "
           + ("Smart Turn (100 ms pause, 1.5 s at most)" if result.turn == "smart"
-             else f"silence window {result.silence_ms} ms"))
+             else f"silence window {result.silence_ms} ms")
+          + f"; early reply {'on' if result.early_reply else 'off'}")
     print("TTS that spoke the measured turns: " + ", ".join(f"{k} ×{n}" for k, n in result.served.items()) + "\n")
     nan = float("nan")
     timings = result.timings if len(result.timings) == len(result.turns) else [{}] * len(result.turns)
@@ -184,6 +186,8 @@ def main() -> None:
     parser.add_argument("--turn", choices=("silence", "smart"), default="silence",
                         help="the persona's turn detection (smart: Smart Turn v3.2)")
     parser.add_argument("--speech", choices=("espeak", "piper"), default="espeak", help="the device's voice")
+    parser.add_argument("--early-reply", choices=("on", "off"), default="on",
+                        help="the persona's early_reply (the LLM asked on a pause's transcript)")
     parser.add_argument("--asr-options", type=json.loads, default={},
                         help='options of the faster-whisper configuration, as JSON (e.g. \'{"fast_pass": true}\')')
     args = parser.parse_args()
@@ -191,8 +195,8 @@ def main() -> None:
         SPEAKERS["piper"] = PiperSpeaker().say
     persona = {"asr_providers": ["faster_whisper"], "llm_providers": ["openai"], "tts_providers": [args.tts],
                "language": "en", "greeting": "", "exit_phrases": [], "vad_min_silence_ms": args.silence_ms,
-               "turn_detection": args.turn}
-    result = Result(args.silence_ms, args.tts, args.turn, args.speech, args.asr_options)
+               "turn_detection": args.turn, "early_reply": args.early_reply == "on"}
+    result = Result(args.silence_ms, args.tts, args.turn, args.speech, args.asr_options, args.early_reply == "on")
     with FakeOpenAI(default=Reply(text=ANSWER, first_token_delay=FIRST_TOKEN_S)) as fake:
         env = {"LLM_BASE_URL": fake.base_url, "LLM_MODEL": "fake-model"}
         with BenchServer(persona=persona, env=env, prefix="p4-",

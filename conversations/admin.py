@@ -122,7 +122,7 @@ class PersonaAdmin(admin.ModelAdmin):
             "max_tokens", "context_turns",
         )}),
         (_("Turn-taking (voice activity detection)"), {"fields": (
-            "turn_detection", "turn_pause_ms", "turn_max_silence_ms",
+            "turn_detection", "turn_pause_ms", "turn_max_silence_ms", "early_reply",
             "vad_threshold", "vad_threshold_low", "vad_min_silence_ms",
         )}),
         (_("Interrupting a reply (barge-in)"), {

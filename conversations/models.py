@@ -216,6 +216,14 @@ class Persona(models.Model):
         _("maximum silence (ms)"), default=1500, validators=[MinValueValidator(200), MaxValueValidator(10000)],
         help_text=_("Smart turn detection: a turn ends after this much quiet, whatever the model says."),
     )
+    early_reply = models.BooleanField(
+        _("answer early"), default=True,
+        help_text=_(
+            "Ask the language model as soon as a pause has been transcribed, while the end of the turn is "
+            "still being decided: the reply starts sooner. Nothing is said or done before the turn ends; "
+            "if the user goes on speaking the request is cancelled, which can still cost its prompt tokens."
+        ),
+    )
     barge_in_min_ms = models.PositiveIntegerField(
         _("speech needed to interrupt (ms)"), default=180,
         validators=[MinValueValidator(60), MaxValueValidator(2000)],

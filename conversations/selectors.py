@@ -90,7 +90,7 @@ def persona_config(persona: Persona, env_options: dict[str, dict[str, Any]] | No
         context_turns=persona.context_turns, vad_threshold=persona.vad_threshold,
         vad_threshold_low=persona.vad_threshold_low, vad_min_silence_ms=persona.vad_min_silence_ms,
         turn_detection=persona.turn_detection, turn_pause_ms=persona.turn_pause_ms,
-        turn_max_silence_ms=persona.turn_max_silence_ms,
+        turn_max_silence_ms=persona.turn_max_silence_ms, early_reply=persona.early_reply,
         barge_in_min_ms=persona.barge_in_min_ms, barge_in_min_probability=persona.barge_in_min_probability,
         greeting=persona.greeting, exit_phrases=_strings(persona.exit_phrases),
         farewell=persona.farewell,

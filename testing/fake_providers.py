@@ -63,13 +63,18 @@ class FakeEchoLLM:
         self.chunk_chars = max(1, int(chunk_chars))
         self.stall_after = stall_after
         self.requests: list[list[dict]] = []
+        self.cancelled = 0  # requests whose caller went away before the reply ended
 
     async def stream(
         self, messages: list[dict], *, tools: list[dict] | None, model: str, temperature: float, max_tokens: int
     ) -> AsyncIterator[LLMDelta]:
         self.requests.append(messages)
         if self.first_token_delay:
-            await asyncio.sleep(self.first_token_delay)
+            try:
+                await asyncio.sleep(self.first_token_delay)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
         if self.tool_calls and tools and messages and messages[-1].get("role") == "user":
             yield LLMDelta(tool_calls=[_call(i, c) for i, c in enumerate(self.tool_calls)])
             return

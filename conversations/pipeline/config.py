@@ -70,6 +70,9 @@ class PersonaConfig:
     turn_detection: str = "silence"
     turn_pause_ms: int = 100
     turn_max_silence_ms: int = 1500
+    # Ask the LLM on a pause's transcript before the turn is certain (pipeline/early.py); the
+    # pipeline's default is off, the Persona model's on.
+    early_reply: bool = False
     barge_in_min_ms: int = 180  # speech over a reply needed to interrupt it (realtime mode)
     barge_in_min_probability: float = 0.8  # VAD probability a window needs to count for it
     greeting: str = ""

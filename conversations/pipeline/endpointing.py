@@ -39,11 +39,12 @@ MAX_UTTERANCE_MS = 30_000
 MAX_MANUAL_MS = 60_000
 CONFIRM_GAP_MS = 96  # this much unvoiced audio (3 Silero windows) restarts the barge-in count
 SPECULATE_AFTER_MS = 120  # "silence": Whisper (~0.1-0.4 s) is done well inside the 600 ms window
-# "smart": after two quiet windows, so the transcript (~120 ms of Whisper for a question) is
-# ready when the model's verdict (asked after turn_pause_ms, ~90 ms) ends the turn. At 120 ms
-# it came ~55 ms after the verdict, at 64 ms with it (P4, docs/performance.md); the price is
-# a Whisper run on gaps of 64-120 ms inside a sentence, cancelled when speech resumes.
-SPECULATE_SMART_MS = 64
+# "smart": at the first quiet window. Silero stays voiced for 2-3 windows after the voice
+# ends, so this is already ~100 ms after it; the transcript (and the early reply asked on it,
+# early.py) is then the turn's critical path, not the model's verdict (P4, docs/
+# performance.md). The price is a Whisper run on gaps inside a sentence, cancelled (with its
+# early reply) when speech resumes.
+SPECULATE_SMART_MS = 32
 Outcome = tuple[Any, BaseException | None]  # (value, error) of one job
 
 

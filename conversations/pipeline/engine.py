@@ -37,7 +37,8 @@ from conversations.pipeline.listen import (
     Utterance,
     VADSettings,
 )
-from conversations.pipeline.reply import ReplyHandle, Speculation, TurnRunner, normalize_phrase
+from conversations.pipeline.early import EarlyReply
+from conversations.pipeline.reply import ReplyHandle, Speculation, TurnRunner, discard_speculation, normalize_phrase
 from conversations.pipeline.speak import Clock, LoopClock
 from conversations.pipeline.think import Thinker
 from conversations.providers import registry
@@ -55,17 +56,20 @@ _speculations = 0
 Work = Callable[[ReplyHandle], Coroutine[Any, Any, object]]
 
 
-async def _speculative(coro: Coroutine[Any, Any, tuple[str, str]], attempts: AttemptLog) -> Speculation | None:
-    """A speculative result: a failure only means the turn runs ASR again, so no traceback."""
+async def _speculative(
+    coro: Coroutine[Any, Any, tuple[str, str]], attempts: AttemptLog, early: Callable[[str], EarlyReply | None],
+) -> Speculation | None:
+    """A speculative result: a failure only means the turn runs ASR again, so no traceback.
+    `early` starts the reply on the text at once (early.py), or returns None."""
     global _speculations
     _speculations += 1
     try:
         text, kind = await coro
-        return text, kind, attempts
     except Exception:
         return None
     finally:
         _speculations -= 1
+    return Speculation(text, kind, attempts, early(text))
 
 
 def _turn_model(config: SessionConfig) -> TurnModel | None:
@@ -266,12 +270,17 @@ class VoiceEngine:
         language = self._ctx.config.persona.language
         attempts = AttemptLog()
         transcript = fallback.transcribe(chains.asr, utterance.pcm, utterance.sample_rate, language, attempts)
-        self._speculation = self._tasks.create(_speculative(transcript, attempts), name="asr-speculative")
+        self._speculation = self._tasks.create(_speculative(transcript, attempts, self._early_reply),
+                                               name="asr-speculative")
+
+    def _early_reply(self, text: str) -> EarlyReply | None:
+        if not self._ctx.config.persona.early_reply or self._closed:
+            return None
+        return self._runner.early_reply(text, lambda thinking: self._tasks.create(thinking, name="early-reply"))
 
     def _cancel_speculation(self) -> None:
-        if self._speculation is not None:
-            self._speculation.cancel()
-            self._speculation = None
+        discard_speculation(self._speculation)
+        self._speculation = None
 
     # -- replies ----------------------------------------------------------------------------
 
@@ -330,6 +339,7 @@ class VoiceEngine:
         try:
             outcome = await self._runner.run(reply, utterance, speculation)
         finally:
+            discard_speculation(speculation)  # with its early reply, used or not
             await cancel_and_wait(speculation)
         if outcome == "exit_phrase":
             reply.close_after = "exit phrase"

@@ -16,12 +16,14 @@ import asyncio
 import logging
 import re
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 from conversations.capture import AttemptLog, TurnAudio
 from conversations.pipeline import fallback, phrases
 from conversations.pipeline.answer import Answer, Filler
 from conversations.pipeline.contracts import EngineContext
+from conversations.pipeline.early import EarlyReply, Spawn
 from conversations.pipeline.fallback import AllProvidersFailed, Chains, ProviderChain, StageChains
 from conversations.pipeline.listen import Utterance
 from conversations.pipeline.speak import (
@@ -41,7 +43,16 @@ from devices.protocol.messages import Message, Stt
 
 log = logging.getLogger(__name__)
 
-Speculation = tuple[str, str, AttemptLog]  # a speculative ASR's text, provider kind and attempts
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """A speculative ASR's text, provider kind and attempts, and the reply started on it."""
+
+    text: str
+    kind: str
+    attempts: AttemptLog
+    early: EarlyReply | None = None
 
 
 class ReplyHandle:
@@ -156,15 +167,17 @@ class TurnRunner:
         speculation: asyncio.Task[Speculation | None] | None,
     ) -> Outcome:
         record = TurnRecord(index=reply.index, timings={"speech_end": 0.0}, session_id=self._ctx.config.session_id)
-        thought = Thought()
         origin = utterance.ended_at
         record.timings.update(utterance.turn)  # how the end of the turn was decided
         if reply.audio is not None:
             reply.audio.uplink.packets = utterance.packets  # as heard, pre-roll included ("on" only)
+        speculated = await _speculative_result(speculation)
+        early = speculated.early if speculated is not None else None
+        thought = early.thought if early is not None else Thought()
         chains = await self._chains.get()
         try:
             try:
-                text = await self._recognize(chains, utterance, speculation, record, origin, thought.attempts)
+                text = await self._recognize(chains, utterance, speculated, record, origin, thought.attempts)
             except AllProvidersFailed:
                 record.error = "asr: all providers failed"
                 record.reply_text = self.apology
@@ -178,7 +191,7 @@ class TurnRunner:
                 record.reply_text = phrases.goodbye(self._persona.farewell, self._language())
                 await self.speak_fixed(reply, record.reply_text, attempts=thought.attempts)
                 return "exit_phrase"
-            await self._respond(reply, chains, text, thought, record, origin)
+            await self._respond(reply, chains, text, thought, record, origin, early)
             return "spoken"
         finally:
             self._finish(reply, record, thought, origin)
@@ -190,36 +203,50 @@ class TurnRunner:
     def is_exit_phrase(self, text: str) -> bool:
         return normalize_phrase(text) in self._exit_phrases
 
+    def early_reply(self, text: str, spawn: Spawn) -> EarlyReply | None:
+        """The LLM asked on a pause's transcript before the turn is certain (early.py); None
+        when the turn would not ask it (no words, an exit phrase) or the chains are not built."""
+        chains = self._chains.ready
+        if chains is None or not is_speakable(text) or self.is_exit_phrase(text):
+            return None
+        llm = chains.llm
+        return EarlyReply(text, lambda thought, on_text, watcher, before_tools: self._thinker.think(
+            llm, text, thought, on_text, watcher=watcher, before_tools=before_tools), spawn)
+
     async def _recognize(
         self,
         chains: StageChains,
         utterance: Utterance,
-        speculation: asyncio.Task[Speculation | None] | None,
+        speculated: Speculation | None,
         record: TurnRecord,
         origin: float,
         attempts: AttemptLog,
     ) -> str:
-        result = await _speculative_result(speculation)
-        if result is None:
+        if speculated is None:
             text, kind = await fallback.transcribe(
                 chains.asr, utterance.pcm, utterance.sample_rate, self._persona.language, attempts
             )
         else:
-            text, kind, tried = result
-            attempts.extend(tried)
+            text, kind = speculated.text, speculated.kind
+            attempts.extend(speculated.attempts)
         record.providers["asr"] = kind
         record.timings["asr_done"] = _ms(self._clock.now(), origin) or 0.0
         return text if is_speakable(text) else ""
 
     async def _respond(
-        self, reply: ReplyHandle, chains: StageChains, text: str, thought: Thought, record: TurnRecord, origin: float
+        self, reply: ReplyHandle, chains: StageChains, text: str, thought: Thought, record: TurnRecord, origin: float,
+        early: EarlyReply | None = None,
     ) -> None:
         speech = self._stream(reply, chains.tts, await self._start_speaking(reply), thought.attempts)
         answer = Answer(speech, reply.guard_send(self._ctx.send), record)
         filler = Filler(self._ctx.config.filler_after, lambda: self._say_filler(speech, record, origin))
         try:
             try:
-                await self._thinker.think(chains.llm, text, thought, answer.feed, watcher=filler)
+                if early is not None:
+                    record.timings["early_reply"] = 1.0  # the LLM was asked before the turn ended
+                    await early.join(answer.feed, filler)
+                else:
+                    await self._thinker.think(chains.llm, text, thought, answer.feed, watcher=filler)
             except ProviderError as exc:
                 record.error = f"llm: {exc}"[:200]
                 log.warning("llm failed during a turn", extra={"error": type(exc).__name__})
@@ -253,8 +280,8 @@ class TurnRunner:
         record.tool_calls = thought.tool_call_dicts()
         if thought.providers:
             record.providers["llm"] = ",".join(thought.providers)
-        if thought.first_token_at is not None:
-            record.timings["llm_first_token"] = _ms(thought.first_token_at, origin) or 0.0
+        if thought.first_token_at is not None:  # 0: already there when the turn ended (an early reply)
+            record.timings["llm_first_token"] = max(0.0, _ms(thought.first_token_at, origin) or 0.0)
         if thought.reply_text:
             self._thinker.remember(record.user_text, record.reply_text)
         if record.user_text or record.error:
@@ -340,6 +367,18 @@ class TurnRunner:
 
 def _recorded(audio: TurnAudio | None) -> TurnAudio | None:
     return audio if audio is not None and (audio.uplink or audio.downlink) else None
+
+
+def discard_speculation(task: asyncio.Task[Speculation | None] | None) -> None:
+    """Cancel a speculative ASR and the early reply started on it (speech resumed, or its turn
+    is over: a reply the turn did not use must not run on)."""
+    if task is None:
+        return
+    task.cancel()
+    if task.done() and not task.cancelled() and task.exception() is None:
+        result = task.result()
+        if result is not None and result.early is not None:
+            result.early.cancel()
 
 
 async def _speculative_result(task: asyncio.Task[Speculation | None] | None) -> Speculation | None:

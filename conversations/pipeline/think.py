@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from conversations.pipeline.config import DeviceInfo, PersonaConfig
@@ -110,10 +110,11 @@ class Thinker:
 
     async def think(
         self, chain: ProviderChain, user_text: str, thought: Thought, on_text: OnText | None = None,
-        watcher: WaitWatcher | None = None,
+        watcher: WaitWatcher | None = None, before_tools: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         """Reply text to `on_text` as it streams. Raises ProviderError when no LLM answers (or
-        one breaks or stalls); `watcher` hears of the user's waits (the filler)."""
+        one breaks or stalls); `watcher` hears of the user's waits (the filler); tool calls
+        wait for `before_tools` (an early reply runs none before its turn is certain)."""
         loop = ToolLoop(
             toolset=self._toolset,
             options=LLMOptions(self._model, self._persona.temperature, self._persona.max_tokens),
@@ -122,5 +123,6 @@ class Thinker:
             first_token_timeout=self._first_token_timeout,
             inter_token_timeout=self._inter_token_timeout,
             watcher=watcher,
+            before_tools=before_tools,
         )
         await loop.run(chain, self.messages(user_text), thought, on_text)

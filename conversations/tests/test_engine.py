@@ -368,3 +368,52 @@ def test_exit_phrases_match_without_case_or_punctuation() -> None:
     assert normalize_phrase(" Goodbye! ") == normalize_phrase("goodbye")
     assert normalize_phrase("再见。") == "再见"
     assert normalize_phrase("good bye") != normalize_phrase("goodbye")
+
+
+def llm_of(r: Rig) -> Any:
+    return r.engine._runner._chains.ready.llm.slots[0].provider
+
+
+async def feed_in_real_time(r: Rig, pcm: bytes) -> None:
+    """One 60 ms packet per 60 ms (of virtual time), as a device sends them."""
+    for packet in opus_packets(pcm):
+        await r.session.feed_bytes(packet)
+        await asyncio.sleep(0.06)
+
+
+async def test_an_early_reply_asks_the_llm_before_the_turn_ends(rig: Any) -> None:
+    """The speculative ASR's text goes to the LLM at once (persona early_reply): with a model
+    whose first token takes 1 s, the turn hears it less than 1 s after it ended."""
+    r = await rig(make_persona(early_reply=True), providers={"llm.fake_echo": {
+        **PROVIDERS["llm.fake_echo"], "first_token_delay": 1.0}})
+    await r.session.feed_text(listen("start", mode="auto"))
+    await feed_in_real_time(r, silence(16000, 300) + speak("turn on the kitchen light") + silence(16000, 900))
+    await r.wait_for(lambda: len(r.hooks.turns) == 1, timeout=20)
+    turn = r.hooks.turns[0]
+    assert turn.timings["early_reply"] == 1.0
+    assert turn.timings["llm_first_token"] < 900  # asked at the pause, ≥ 1,000 ms if asked at the turn's end
+    assert len(llm_of(r).requests) == 1
+    assert turn.reply_text == "Sure, the light is on now. Anything else?"
+    subtitles = [m.text for m in r.transport.decoded() if isinstance(m, TtsSentenceStart)]
+    assert subtitles == ["Sure,", "the light is on now.", "Anything else?"]
+
+
+async def test_speech_resuming_cancels_the_early_reply_and_none_of_it_reaches_the_device(rig: Any) -> None:
+    r = await rig(make_persona(early_reply=True, vad_min_silence_ms=600), providers={
+        "asr.fake_echo": {"script": ["turn on the"], "text": "turn on the kitchen light"},
+        "llm.fake_echo": {"reply": "", "first_token_delay": 0.5},  # echoes what it was asked
+    })
+    await r.session.feed_text(listen("start", mode="auto"))
+    # A 250 ms pause: speculated on (at 120 ms of quiet), shorter than the 600 ms window.
+    pcm = (silence(16000, 300) + speak("turn on the") + silence(16000, 250) + speak("kitchen light")
+           + silence(16000, 900))
+    await feed_in_real_time(r, pcm)
+    await r.wait_for(lambda: len(r.hooks.turns) == 1 and r.count(TtsStop) == 1, timeout=20)
+    asked = [request[-1]["content"] for request in llm_of(r).requests]
+    assert asked[0] == "turn on the" and asked[-1] == "turn on the kitchen light"  # the pause was asked about
+    assert llm_of(r).cancelled == len(asked) - 1  # every request but the turn's was cancelled
+    messages = r.transport.decoded()
+    assert [m.text for m in messages if isinstance(m, Stt)] == ["turn on the kitchen light"]
+    spoken = " ".join(m.text for m in messages if isinstance(m, TtsSentenceStart))
+    assert spoken == "You said: turn on the kitchen light."
+    assert r.hooks.turns[0].reply_text == "You said: turn on the kitchen light."

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import importlib.util
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -192,11 +194,13 @@ def pause_kinds(ear: Ear, probabilities: list[float]) -> list[str]:
 
 
 def test_in_smart_mode_the_speculative_asr_starts_before_the_model_is_asked() -> None:
-    """Two quiet windows start the transcript, so it is ready by the model's verdict."""
+    """The first quiet window starts the transcript (and the early reply on it) while the
+    model is not yet asked."""
     ear = Ear(replace(SMART, turn_pause_ms=100.0), SileroSizedVAD())  # type: ignore[arg-type]
-    assert pause_kinds(ear, [0.95] * 20 + [0.02]) == []  # 32 ms of quiet
-    assert pause_kinds(ear, [0.02]) == ["paused"]  # 64 ms
-    assert pause_kinds(ear, [0.02] * 2) == ["check"]  # 128 ms: the model is asked
+    assert pause_kinds(ear, [0.95] * 20) == []
+    assert pause_kinds(ear, [0.02]) == ["paused"]  # 32 ms of quiet
+    assert pause_kinds(ear, [0.02] * 2) == []  # 96 ms
+    assert pause_kinds(ear, [0.02]) == ["check"]  # 128 ms: the model is asked
     fixed = Ear(replace(SMART, turn_detection="silence"), SileroSizedVAD())  # type: ignore[arg-type]
     assert pause_kinds(fixed, [0.95] * 20 + [0.02] * 3) == []  # the fixed window waits longer: 96 ms
     assert pause_kinds(fixed, [0.02]) == ["paused"]  # 128 ms
@@ -419,3 +423,18 @@ def test_warming_a_loaded_model_costs_no_thread_hop(monkeypatch: pytest.MonkeyPa
     model.warm()
     model.warm()
     assert len(submitted) == 1 and len(loads) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread priority on this platform")
+def test_the_model_runs_at_a_lower_priority_than_the_hearing_and_asr() -> None:
+    """Its check yields the cores to the speculative ASR of the same pause (smart_turn.py)."""
+    from conversations.providers.turn.smart_turn import MODEL_NICE, SmartTurn  # noqa: PLC0415
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    model = SmartTurn(concurrency=1)
+    try:
+        assert model._pool.submit(niceness).result() == min(19, niceness() + MODEL_NICE)
+    finally:
+        model._pool.shutdown(wait=True)

@@ -113,8 +113,10 @@ class ToolLoop:
         first_token_timeout: float | None = None,
         inter_token_timeout: float | None = None,
         watcher: WaitWatcher | None = None,
+        before_tools: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self._toolset = toolset
+        self._before_tools = before_tools  # awaited before tool calls run (an early reply's commit)
         self._options = options
         self._max_rounds = max_rounds
         self._round_timeout = round_timeout
@@ -138,6 +140,8 @@ class ToolLoop:
                 log.warning("tool-call depth limit reached", extra={"rounds": self._max_rounds})
                 return
             messages.append(assistant_tool_message(thought.rounds[-1], calls))
+            if self._before_tools is not None:
+                await self._before_tools()
             if self._watcher is not None:
                 self._watcher.waiting()
             records = await self._run_calls(calls)
