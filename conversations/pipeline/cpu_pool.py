@@ -216,8 +216,7 @@ class CpuMill:
             try:
                 done = asyncio.get_running_loop().run_in_executor(self._executor, _run_group, group)
             except RuntimeError as exc:  # the pool was shut down (process exit, tests)
-                for _runner, _job, future in group:
-                    future.set_exception(exc)
+                self._hand_over(group, [(None, exc)] * len(group))
                 return
             self._inflight += 1
             self._last_group = len(group)
@@ -226,21 +225,32 @@ class CpuMill:
     def _finished(self, done: asyncio.Future[list[Outcome]], *, group: list[_Pending]) -> None:
         self._inflight -= 1
         failed = done.cancelled() or done.exception() is not None
-        outcomes = [(None, RuntimeError("CPU job group failed"))] * len(group) if failed else done.result()
-        self._holding = True
+        outcomes: list[Outcome] = (
+            [(None, RuntimeError("CPU job group failed"))] * len(group) if failed else done.result()
+        )
+        self._hand_over(group, outcomes)
+        self._start_groups()
+
+    def _hand_over(self, group: list[_Pending], outcomes: list[Outcome]) -> None:
+        """Each job's outcome to its future or sink; jobs submitted meanwhile start after."""
+        holding, self._holding = self._holding, True
         try:
             for (_runner, _job, sink), (value, error) in zip(group, outcomes, strict=True):
                 if sink.done():
                     continue  # its session stopped waiting (closed)
-                if not isinstance(sink, asyncio.Future):
-                    _deliver(sink, value, error)
-                elif error is not None:
-                    sink.set_exception(error)
+                if isinstance(sink, asyncio.Future):
+                    _settle(sink, value, error)
                 else:
-                    sink.set_result(value)
+                    _deliver(sink, value, error)
         finally:
-            self._holding = False
-        self._start_groups()
+            self._holding = holding
+
+
+def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
 
 
 def _deliver(sink: JobSink, value: Any, error: BaseException | None) -> None:

@@ -138,3 +138,11 @@ def test_each_web_worker_takes_its_share_of_the_cores_for_hearing() -> None:
     assert hearing_threads({"XIAOZHI_WORKERS": "2"}, cores=8) == 4
     assert hearing_threads({"XIAOZHI_WORKERS": "4"}, cores=2) == 1
     assert hearing_threads({"XIAOZHI_WORKERS": "many"}, cores=2) == 2
+
+
+async def test_a_shut_down_pool_fails_a_sinks_job_too() -> None:
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()
+    sink = Sink()
+    CpuMill(pool, max_inflight=1).submit(Doubler(), 1, sink)
+    assert len(sink.got) == 1 and isinstance(sink.got[0][1], RuntimeError)
