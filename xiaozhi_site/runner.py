@@ -63,6 +63,7 @@ class Child:
     command: list[str]
     fds: tuple[int, ...] = ()  # listening sockets the child inherits
     sockets: list[socket.socket] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # added to the runner's environment
 
 
 def web_children(host: str, port: int, workers: int, kind: str = "daphne") -> dict[str, Child]:
@@ -73,8 +74,11 @@ def web_children(host: str, port: int, workers: int, kind: str = "daphne") -> di
         raise webserver.WorkerConfigError("several web workers need an IPv4 XIAOZHI_BIND (e.g. 0.0.0.0)")
     sockets = webserver.listening_sockets(host, port, workers)
     names = ["web"] if workers == 1 else [f"web-{n}" for n in range(1, workers + 1)]
+    # Each worker knows how many share the machine (its hearing pool takes its share of the
+    # cores: conversations/pipeline/cpu_pool.py hearing_threads).
+    env = {"XIAOZHI_WORKERS": str(workers)}
     return {
-        name: Child(webserver.server_command(sock.fileno(), kind), (sock.fileno(),), [sock])
+        name: Child(webserver.server_command(sock.fileno(), kind), (sock.fileno(),), [sock], env)
         for name, sock in zip(names, sockets, strict=True)
     }
 
@@ -91,7 +95,8 @@ def commands() -> dict[str, Child]:
 
 def start(children: dict[str, Child]) -> dict[str, subprocess.Popen]:
     started = {
-        name: subprocess.Popen(child.command, cwd=BASE_DIR, start_new_session=True, pass_fds=child.fds)
+        name: subprocess.Popen(child.command, cwd=BASE_DIR, start_new_session=True, pass_fds=child.fds,
+                               env={**os.environ, **child.env} if child.env else None)
         for name, child in children.items()
     }
     for child in children.values():

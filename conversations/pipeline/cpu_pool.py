@@ -13,10 +13,11 @@ from ~750 ms (saturated) to ~25 ms.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
@@ -24,6 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar
 T = TypeVar("T")
 J = TypeVar("J")
 Outcome = tuple[Any, BaseException | None]  # (value, error) of one job
+log = logging.getLogger(__name__)
 _pools: dict[str, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 
@@ -31,14 +33,32 @@ _pools_lock = threading.Lock()
 def _pool(name: str) -> ThreadPoolExecutor:
     with _pools_lock:
         if name not in _pools:
-            workers = max(2, min(4, os.cpu_count() or 2))
+            workers = hearing_threads() if name == "voice-hear" else max(2, min(4, os.cpu_count() or 2))
             _pools[name] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
         return _pools[name]
 
 
+def hearing_threads(environ: Mapping[str, str] | None = None, cores: int | None = None) -> int:
+    """Threads of a process's hearing pool: its share of the cores. One web process: as many
+    as cores (2 to 4). `XIAOZHI_WORKERS` processes (the runner tells each how many there are)
+    share the cores: cores / workers each (1 to 4), so the machine does not run twice as many
+    busy hearing threads as it has cores. P2 at 300 devices, two workers on 2 cores (issue 17):
+    322-329 us of server CPU per frame with one thread each against 336-339 with two."""
+    env = os.environ if environ is None else environ
+    cores = cores or os.cpu_count() or 2
+    try:
+        workers = max(1, int(env.get("XIAOZHI_WORKERS", "") or 1))
+    except ValueError:
+        workers = 1
+    if workers == 1:
+        return max(2, min(4, cores))
+    return max(1, min(4, cores // workers))
+
+
 def shared_executor() -> ThreadPoolExecutor:
-    """The process-wide pool for hearing (Opus decode, VAD): as many threads as cores (2 to
-    4), shared by every session, so 200 sessions do not mean 200 threads on 2 cores."""
+    """The process-wide pool for hearing (Opus decode, VAD): the process's share of the cores
+    (`hearing_threads`), shared by every session, so 200 sessions do not mean 200 threads on
+    2 cores."""
     return _pool("voice-hear")
 
 
@@ -57,8 +77,19 @@ class BatchRunner(Protocol, Generic[J]):
     def run_batch(self, jobs: list[J]) -> list[Outcome]: ...
 
 
-# (runner or None for a plain job, the job, its future)
-_Pending = tuple["BatchRunner[Any] | None", Any, "asyncio.Future[Any]"]
+class JobSink(Protocol):
+    """Who waits for a job without a future (`CpuMill.submit`): its outcome is handed over
+    by a plain call on the loop, so no task has to wake up for it (the hearing's batches)."""
+
+    def done(self) -> bool:
+        """True once nobody waits any more (a closed session): a job not started is skipped."""
+        ...
+
+    def deliver(self, value: Any, error: BaseException | None) -> None: ...
+
+
+# (runner or None for a plain job, the job, its future or sink)
+_Pending = tuple["BatchRunner[Any] | None", Any, "asyncio.Future[Any] | JobSink"]
 
 
 class CpuMill:
@@ -71,6 +102,11 @@ class CpuMill:
     at once); under load a group waits a few ms for more jobs (`gather_s`). At most one
     group per pool thread is in flight. Order per session holds
     because a session awaits each job before it submits the next.
+
+    The hearing goes one step further (`at_tick` + `submit`): sessions with packets waiting
+    register for the end of the loop tick, and one callback per tick collects all their
+    batches; results come back to each session by a call (`JobSink.deliver`), not through a
+    future and a task wake-up per session and batch.
     """
 
     _by_executor: weakref.WeakKeyDictionary[Executor, CpuMill] = weakref.WeakKeyDictionary()
@@ -93,6 +129,9 @@ class CpuMill:
         self._last_group = 0  # jobs in the group started last: the load
         self._gather_until = 0.0  # loop time the gathering group starts at (0: none)
         self._gather_loop: asyncio.AbstractEventLoop | None = None  # whose timer that is
+        self._preparing: list[Callable[[], None]] = []  # `at_tick` callbacks of this tick
+        self._tick_loop: asyncio.AbstractEventLoop | None = None  # the loop whose tick is due
+        self._holding = False  # collecting a tick's jobs or delivering a group's: start groups after
 
     @classmethod
     def for_executor(cls, executor: Executor) -> CpuMill:
@@ -115,6 +154,38 @@ class CpuMill:
         self._pending.append((runner, job, future))
         self._start_groups()
         return future
+
+    def submit(self, runner: BatchRunner[Any] | None, job: Any, sink: JobSink) -> None:
+        """A job whose outcome goes to `sink.deliver(value, error)` on the loop: batched with
+        `runner` (None: `job()` on its own). Called from an `at_tick` callback, it joins that
+        tick's group."""
+        self._pending.append((runner, job, sink))
+        if not self._holding:
+            self._start_groups()
+
+    def at_tick(self, prepare: Callable[[], None]) -> None:
+        """Call `prepare` once, at the end of this loop tick, with the other callbacks asked
+        for in it, then start groups: one wake-up per tick for every session with work."""
+        loop = asyncio.get_running_loop()
+        if self._tick_loop is not loop:
+            if self._tick_loop is not None:  # due on a loop that is gone (a mill outlives a test's loop)
+                self._preparing = []
+            self._tick_loop = loop
+            loop.call_soon(self._tick)
+        self._preparing.append(prepare)
+
+    def _tick(self) -> None:
+        preparing, self._preparing, self._tick_loop = self._preparing, [], None
+        self._holding = True
+        try:
+            for prepare in preparing:
+                try:
+                    prepare()
+                except Exception:  # one session's bug must not stall the others
+                    log.exception("CPU job preparation failed")
+        finally:
+            self._holding = False
+        self._start_groups()
 
     def _gathering(self) -> bool:
         """True while a group under load waits for more jobs (a timer starts it at the end)."""
@@ -145,8 +216,7 @@ class CpuMill:
             try:
                 done = asyncio.get_running_loop().run_in_executor(self._executor, _run_group, group)
             except RuntimeError as exc:  # the pool was shut down (process exit, tests)
-                for _runner, _job, future in group:
-                    future.set_exception(exc)
+                self._hand_over(group, [(None, exc)] * len(group))
                 return
             self._inflight += 1
             self._last_group = len(group)
@@ -155,15 +225,39 @@ class CpuMill:
     def _finished(self, done: asyncio.Future[list[Outcome]], *, group: list[_Pending]) -> None:
         self._inflight -= 1
         failed = done.cancelled() or done.exception() is not None
-        outcomes = [(None, RuntimeError("CPU job group failed"))] * len(group) if failed else done.result()
-        for (_runner, _job, future), (value, error) in zip(group, outcomes, strict=True):
-            if future.done():
-                continue  # its session stopped waiting (closed)
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(value)
+        outcomes: list[Outcome] = (
+            [(None, RuntimeError("CPU job group failed"))] * len(group) if failed else done.result()
+        )
+        self._hand_over(group, outcomes)
         self._start_groups()
+
+    def _hand_over(self, group: list[_Pending], outcomes: list[Outcome]) -> None:
+        """Each job's outcome to its future or sink; jobs submitted meanwhile start after."""
+        holding, self._holding = self._holding, True
+        try:
+            for (_runner, _job, sink), (value, error) in zip(group, outcomes, strict=True):
+                if sink.done():
+                    continue  # its session stopped waiting (closed)
+                if isinstance(sink, asyncio.Future):
+                    _settle(sink, value, error)
+                else:
+                    _deliver(sink, value, error)
+        finally:
+            self._holding = holding
+
+
+def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+def _deliver(sink: JobSink, value: Any, error: BaseException | None) -> None:
+    try:
+        sink.deliver(value, error)
+    except Exception:  # one session's bug must not keep the group's others from their results
+        log.exception("CPU job delivery failed")
 
 
 def _run_group(group: list[_Pending]) -> list[Outcome]:

@@ -1,10 +1,13 @@
 """Hearing: the session side of the uplink. Packets in, speech events out.
 
 The event loop only queues packets (`push`, a bounded deque: drops are counted, never
-buffered without limit). One worker task per session drains the queue in batches and hands
-each batch to the shared CPU pool as a hearing job (`CpuMill.run_batched` with the VAD's
-`HearingBatch`: decode + VAD + endpointing, endpointing.py), awaiting each batch before the
-next, so a session's audio stays in order while the jobs of many sessions share pool runs.
+buffered without limit). At the end of the loop tick, the session's queued packets become one
+hearing job for the shared CPU pool (`CpuMill.at_tick` collects every session's in one
+callback; `CpuMill.submit` with the VAD's `HearingBatch`: decode + VAD + endpointing,
+endpointing.py). Its outcome comes back by a call (`deliver`), and the session takes its next
+batch only then, so its audio stays in order while the jobs of many sessions share pool runs.
+No task per session and no future per batch: the uplink's hand-offs are per tick, not per
+packet (issue 17).
 
 Everything stateful about the audio (Opus decoder, VAD state, the detector, the PCM buffer)
 lives in the session's `Ear` and is touched only by that worker's jobs, between batches: no
@@ -31,6 +34,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from conversations.pipeline.aio import cancel_and_wait
 from conversations.pipeline.cpu_pool import CpuMill
@@ -106,6 +110,16 @@ HearingEvent = SpeechStarted | SpeechConfirmed | SpeechPaused | SpeechResumed | 
 _FLUSH = object()  # manual mode's `listen stop`, queued behind the audio it closes
 
 
+@dataclass(slots=True)
+class _InFlight:
+    """The job the mill runs for a session: a batch ("hear") or manual mode's `take_all`."""
+
+    kind: str  # "hear" | "flush"
+    generation: int
+    arrivals: list[float]
+    flush: bool = False  # "hear": `listen stop` follows the batch
+
+
 class LagHistogram:
     """Lag from a packet's arrival (`push`) to the end of its decode + VAD, in 1 ms buckets:
     the streaming-capacity figure (P2, bench/p2_streaming.py), logged per session."""
@@ -160,7 +174,6 @@ class Hearing:
         self._checks: list[TurnVerdict] = []  # the current utterance's answers
         self._queue: deque[tuple[bytes, float, int] | object] = deque()  # (packet, arrival, stamp) or _FLUSH
         self._queue_packets = queue_packets
-        self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._now = clock or self._loop.time
         self._generation = 0  # bumped by start(); a batch from an older generation is stale
@@ -171,7 +184,9 @@ class Hearing:
         self.dropped = self.ignored = self.invalid = self.packets = 0
         self._received = self._forgotten = 0  # packets queued, and dropped from the queue unheard
         self.lag = LagHistogram()
-        self._task = self._loop.create_task(self._run(), name="hearing")
+        self._inflight: _InFlight | None = None  # the job in the pool (at most one)
+        self._scheduled = False  # `_next` is due at the end of this tick
+        self._closed = False
 
     # -- called from the engine (event loop) ------------------------------------------------
 
@@ -208,7 +223,7 @@ class Hearing:
         """`listen stop` in manual mode: the audio queued so far is the utterance."""
         self._queue.append(_FLUSH)
         self.accepting = False
-        self._wake.set()
+        self._schedule()
 
     def push(self, packet: bytes, timestamp: int = 0) -> None:
         """Queue one uplink packet (`timestamp`: its v2 stamp). Never blocks; cheap enough to
@@ -221,16 +236,22 @@ class Hearing:
             return
         self._queue.append((packet, self._now(), timestamp))
         self._received += 1
-        self._wake.set()
+        if not self._scheduled and self._inflight is None:
+            self._schedule()
 
     def reference(self, timestamp: int, opus: bytes) -> None:
         """A downlink frame just sent with this v2 timestamp: the echo to cancel (server AEC)."""
         if self.echo is not None:
             self.echo.ring.add(timestamp, opus)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, in the pool or due (tests, benchmarks)."""
+        return not self._queue and self._inflight is None and not self._scheduled
+
     async def aclose(self) -> None:
         self.accepting = False
-        await cancel_and_wait(self._task)
+        self._closed = True  # a job in the pool is not delivered; one pending is skipped
         await cancel_and_wait(self._check_task)
         if self.packets or self.dropped:
             log.info("hearing stats", extra={
@@ -241,24 +262,21 @@ class Hearing:
                 **({"aec": vars(self.echo.stats)} if self.echo is not None else {}),
             })  # fmt: skip
 
-    # -- worker ------------------------------------------------------------------------------
+    # -- the pool's side: one job at a time, collected per tick ------------------------------
 
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            self._apply_verdicts()
-            while self._queue:
-                try:
-                    await self._step()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    # One bad batch must not deafen the session for good.
-                    log.exception("hearing batch failed")
-                self._apply_verdicts()
+    def _schedule(self) -> None:
+        """Take the next batch at the end of this tick, with every other session's."""
+        if not self._scheduled and self._inflight is None and not self._closed:
+            self._scheduled = True
+            self._mill.at_tick(self._next)
 
-    async def _step(self) -> None:
+    def _next(self) -> None:
+        self._scheduled = False
+        if self._closed or self._inflight is not None:
+            return
+        self._apply_verdicts()
+        if not self._queue:
+            return
         batch, arrivals, stamps, flush = self._take_batch()
         generation = self._generation
         if self._ear_generation != generation:
@@ -267,15 +285,50 @@ class Hearing:
         if batch:
             self.packets += len(batch)
             job = EarJob(self._ear, batch, self.endpointing, stamps if self.echo is not None else None)
-            marks, invalid = await self._mill.run_batched(self._batch, job)
-            done = self._now()
-            for arrived in arrivals:
-                self.lag.add(done - arrived)
-            self.invalid += invalid
-            self._dispatch(marks, generation)
-        if flush and generation == self._generation:
-            pcm, packets = await self._mill.run(self._ear.take_all)
-            self._on_event(SpeechStopped(Utterance(pcm, self._now(), len(pcm) / BYTES_PER_MS, packets=packets)))
+            self._inflight = _InFlight("hear", generation, arrivals, flush)
+            self._mill.submit(self._batch, job, self)
+        elif flush:
+            self._take_all(generation)
+
+    def _take_all(self, generation: int) -> None:
+        self._inflight = _InFlight("flush", generation, [])
+        self._mill.submit(None, self._ear.take_all, self)
+
+    def done(self) -> bool:
+        """`JobSink`: True once closed (nobody waits for the job)."""
+        return self._closed
+
+    def deliver(self, value: Any, error: BaseException | None) -> None:
+        """`JobSink`: the outcome of the job in the pool, on the loop."""
+        job, self._inflight = self._inflight, None
+        if job is None or self._closed:
+            return
+        try:
+            if error is not None:
+                raise error
+            if job.kind == "flush":
+                pcm, packets = value
+                self._on_event(SpeechStopped(Utterance(pcm, self._now(), len(pcm) / BYTES_PER_MS, packets=packets)))
+            else:
+                self._heard(job, value)
+        except Exception:
+            # One bad batch must not deafen the session for good.
+            log.exception("hearing batch failed")
+        else:
+            if job.flush and job.generation == self._generation:
+                self._take_all(job.generation)
+                return
+        self._apply_verdicts()
+        self._schedule()
+
+    def _heard(self, job: _InFlight, value: tuple[list[Mark], int]) -> None:
+        marks, invalid = value
+        done = self._now()
+        add = self.lag.add
+        for arrived in job.arrivals:
+            add(done - arrived)
+        self.invalid += invalid
+        self._dispatch(marks, job.generation)
 
     def _take_batch(self) -> tuple[list[bytes], list[float], list[int], bool]:
         batch: list[bytes] = []
@@ -332,7 +385,7 @@ class Hearing:
             log.warning("turn model failed; the pause ends on the silence window", extra={"error": str(exc)[:200]})
             verdict = None
         self._verdicts.append((generation, check, verdict, self._received))
-        self._wake.set()  # the worker applies it between batches: the ear has one user at a time
+        self._schedule()  # applied between batches: the ear has one user at a time
 
     def _apply_verdicts(self) -> None:
         """Apply the model's answers once the ear has heard every packet received before

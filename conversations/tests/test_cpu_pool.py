@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conversations.pipeline.cpu_pool import CpuMill, Outcome
+from conversations.pipeline.cpu_pool import CpuMill, Outcome, hearing_threads
 
 
 async def test_the_cpu_mill_groups_pending_jobs_and_isolates_failures() -> None:
@@ -93,3 +93,56 @@ async def test_under_load_a_group_gathers_jobs_but_a_lone_job_starts_at_once() -
     assert await asyncio.wait_for(asyncio.gather(*full), 0.1) == [0, 2, 4, 6]
     assert runner.calls == [1, 2, 2, 4]
     pool.shutdown()
+
+
+class Sink:
+    """A `JobSink` that records what it is handed."""
+
+    def __init__(self, closed: bool = False, broken: bool = False) -> None:
+        self.got: list[tuple[object, BaseException | None]] = []
+        self.closed, self.broken = closed, broken
+
+    def done(self) -> bool:
+        return self.closed
+
+    def deliver(self, value: object, error: BaseException | None) -> None:
+        self.got.append((value, error))
+        if self.broken:
+            raise RuntimeError("bug in a session")
+
+
+async def test_jobs_asked_for_in_one_tick_go_as_one_group_and_come_back_by_a_call() -> None:
+    pool = ThreadPoolExecutor(1)
+    mill = CpuMill(pool, max_inflight=2)
+    runner = Doubler()
+    sinks = [Sink(broken=True), Sink(), Sink()]
+    closed = Sink(closed=True)
+    for n, sink in enumerate([*sinks, closed]):
+        mill.at_tick(lambda n=n, sink=sink: mill.submit(runner, 7 if n == 1 else n, sink))
+    assert runner.calls == []  # collected at the end of the tick, not one by one
+    for _ in range(200):
+        if all(sink.got for sink in sinks):
+            break
+        await asyncio.sleep(0.005)
+    assert runner.calls == [3]  # one call for the tick; the closed session's job is skipped
+    assert sinks[0].got == [(0, None)] and sinks[2].got == [(4, None)]
+    assert isinstance(sinks[1].got[0][1], ValueError)  # its own failure, after a sink that raised
+    assert closed.got == []
+    pool.shutdown()
+
+
+def test_each_web_worker_takes_its_share_of_the_cores_for_hearing() -> None:
+    assert hearing_threads({}, cores=2) == 2  # one process: as before
+    assert hearing_threads({"XIAOZHI_WORKERS": "1"}, cores=16) == 4
+    assert hearing_threads({"XIAOZHI_WORKERS": "2"}, cores=2) == 1
+    assert hearing_threads({"XIAOZHI_WORKERS": "2"}, cores=8) == 4
+    assert hearing_threads({"XIAOZHI_WORKERS": "4"}, cores=2) == 1
+    assert hearing_threads({"XIAOZHI_WORKERS": "many"}, cores=2) == 2
+
+
+async def test_a_shut_down_pool_fails_a_sinks_job_too() -> None:
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()
+    sink = Sink()
+    CpuMill(pool, max_inflight=1).submit(Doubler(), 1, sink)
+    assert len(sink.got) == 1 and isinstance(sink.got[0][1], RuntimeError)

@@ -52,9 +52,9 @@ class Ears:
 
     async def drained(self) -> None:
         for _ in range(2000):
-            if not self.hearing._queue and not self.hearing._wake.is_set():
+            if self.hearing.idle:
                 await asyncio.sleep(0.01)
-                if not self.hearing._queue:
+                if self.hearing.idle:
                     return
             await asyncio.sleep(0.002)
         raise AssertionError("hearing did not drain")

@@ -85,6 +85,7 @@ def test_each_worker_serves_the_socket_it_inherits() -> None:
         for child in children.values():
             (fd,) = child.fds
             assert child.command[-3:] == ["--fd", str(fd), webserver.APPLICATION]
+            assert child.env == {"XIAOZHI_WORKERS": "2"}  # each sizes its hearing pool by it
         assert server_command(7, "uvicorn")[3:5] == ["--fd", "7"]
         assert "--ws-per-message-deflate" in server_command(7, "uvicorn")
     finally:
