@@ -44,7 +44,6 @@ from devices.protocol.messages import Message, Stt
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class Speculation:
     """A speculative ASR's text, provider kind and attempts, and the reply started on it."""

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import importlib.util
-import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -424,17 +422,3 @@ def test_warming_a_loaded_model_costs_no_thread_hop(monkeypatch: pytest.MonkeyPa
     model.warm()
     assert len(submitted) == 1 and len(loads) == 1
 
-
-@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread priority on this platform")
-def test_the_model_runs_at_a_lower_priority_than_the_hearing_and_asr() -> None:
-    """Its check yields the cores to the speculative ASR of the same pause (smart_turn.py)."""
-    from conversations.providers.turn.smart_turn import MODEL_NICE, SmartTurn  # noqa: PLC0415
-
-    def niceness() -> int:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    model = SmartTurn(concurrency=1)
-    try:
-        assert model._pool.submit(niceness).result() == min(19, niceness() + MODEL_NICE)
-    finally:
-        model._pool.shutdown(wait=True)

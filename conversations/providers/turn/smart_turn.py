@@ -12,20 +12,12 @@ pool (a 90 ms job there would hold up every session's decode + VAD). A semaphore
 predictions running or queued per process; beyond it `predict` fails at once with
 `TurnModelBusy`, and the hearing ends that pause with the fixed silence window instead of
 queueing behind stale work.
-
-The model's threads run at a lower CPU priority (`MODEL_NICE`): on a busy machine its check
-yields to the hearing (which must stay real time) and to the speculative ASR started at the
-same pause, whose transcript (and the early reply asked on it) is the turn's critical path,
-not the model's verdict. Measured on 2 cores with the check overlapping Whisper's short
-pass: the pass took 207 ms at equal priority and 171 ms with the model at nice 10 (the check
-159 ms instead of 111; docs/performance.md, P4).
 """
 from __future__ import annotations
 
 import asyncio
 import importlib.metadata
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +33,6 @@ logger = logging.getLogger(__name__)
 
 MODEL_FILE = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
 THRESHOLD = 0.5  # the model's sigmoid output; above it the turn is complete (as pipecat)
-MODEL_NICE = 10  # the model threads' niceness (module docstring)
 
 
 class TurnModelBusy(ProviderError):
@@ -76,8 +67,7 @@ class SmartTurn:
     ) -> None:
         self.path = Path(path) if path else default_model_path()
         self._threads = max(1, int(threads))
-        self._pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="voice-turn",
-                                        initializer=yield_cpu)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="voice-turn")
         # Running plus queued predictions; a non-blocking acquire, so a burst sheds load.
         self._slots = threading.BoundedSemaphore(max(1, int(concurrency)) + max(0, int(backlog)))
         self._session: Any = None
@@ -116,15 +106,6 @@ class SmartTurn:
             if self._session is None:
                 self._session = _load_session(self.path, self._threads)
             return self._session
-
-
-def yield_cpu() -> None:
-    """Lower this thread's CPU priority (Linux: niceness is per thread). Raising niceness
-    needs no privilege; where it cannot be set the model runs at the process's priority."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), MODEL_NICE)
-    except (AttributeError, OSError):  # no setpriority (Windows), or refused
-        logger.debug("turn model thread priority unchanged")
 
 
 def _load_session(path: Path, threads: int) -> Any:
