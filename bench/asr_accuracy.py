@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from common import fmt, header, md_table
 
+from testing.speech import word_edits
+
 SENTENCES = (
     "what time is it", "turn on the kitchen light", "what is the weather going to be like tomorrow",
     "please set the volume to thirty percent", "tell me a joke", "how far is the moon from the earth",
@@ -91,13 +93,7 @@ def words(text: str) -> list[str]:
 
 def word_errors(reference: str, heard: str) -> int:
     """Edit distance over words (substitutions, insertions, deletions)."""
-    ref, hyp = words(reference), words(heard)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        previous, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (r != h))
-    return row[-1]
+    return word_edits(words(reference), words(heard))
 
 
 @dataclass

@@ -12,7 +12,7 @@ from devices.protocol.audio import write_wav
 from devices.protocol.opus import OpusEncoder
 from simulator.speech import espeak_available, speak
 
-__all__ = ["espeak_available", "opus_packets", "silence", "speak", "speak_wav", "with_silence"]
+__all__ = ["espeak_available", "opus_packets", "silence", "speak", "speak_wav", "with_silence", "word_edits"]
 
 DEVICE_RATE = 16000  # uplink rate of the Xiaozhi firmware
 DEVICE_FRAME_MS = 60
@@ -42,3 +42,14 @@ def opus_packets(pcm16k: bytes, *, dtx: bool = True) -> list[bytes]:
     encoder = OpusEncoder(DEVICE_RATE, DEVICE_FRAME_MS, bitrate=24000, application="audio", dtx=dtx)
     size = encoder.frame_bytes
     return [encoder.encode(pcm16k[i : i + size]) for i in range(0, len(pcm16k), size)]
+
+
+def word_edits(reference: list[str], heard: list[str]) -> int:
+    """Word-level edit distance (substitutions, insertions, deletions): what a transcript got
+    wrong, for ASR tests and bench/asr_accuracy.py."""
+    row = list(range(len(heard) + 1))
+    for i, ref_word in enumerate(reference, 1):
+        previous, row[0] = row[0], i
+        for j, heard_word in enumerate(heard, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (ref_word != heard_word))
+    return row[-1]

@@ -13,6 +13,7 @@ tokens; the persona's `early_reply` turns this off).
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -53,7 +54,7 @@ class EarlyReply:
     def __init__(self, text: str, think: Think, spawn: Spawn) -> None:
         self.text = text
         self.thought = Thought()
-        self._held: list[str] = []  # text before the turn took over (bounded by the LLM's max_tokens)
+        self._held: deque[str] = deque()  # text before the turn took over (bounded by the LLM's max_tokens)
         self._target: OnText | None = None
         self._committed = asyncio.Event()
         self._watcher = _HeldWatcher()
@@ -66,7 +67,7 @@ class EarlyReply:
         (ProviderError: no LLM answered). Cancelling the caller cancels the thinking."""
         self._watcher.attach(watcher)
         while self._held:  # new text may arrive while the held text is passed on
-            await on_text(self._held.pop(0))
+            await on_text(self._held.popleft())
         self._target = on_text
         self._committed.set()
         await self._task

@@ -23,9 +23,9 @@ With "smart" turn detection the ear also asks, once per pause, whether the utter
 complete: the hearing runs the end-of-turn model (its own bounded thread pool, providers/
 turn/smart_turn.py) in a task it owns, and hands the verdict back to the ear between
 batches; "complete" ends the utterance at once, and finds the speculative ASR (started at
-the first quiet window, endpointing.SPECULATE_SMART_MS) and its early reply under way. The checks of an
-utterance (probability, model time, who ended it, the silence waited) travel with it to the
-turn's timings.
+the first quiet window, endpointing.SPECULATE_SMART_MS) and its early reply under way. The
+checks of an utterance (probability, model time, who ended it, the silence waited) travel
+with it to the turn's timings.
 """
 from __future__ import annotations
 

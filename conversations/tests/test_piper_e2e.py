@@ -22,7 +22,7 @@ from devices.tests.factories import BoundDeviceFactory, mac_for
 from simulator.device import SimulatedDevice
 from testing.fake_openai import FakeOpenAI, Reply
 from testing.server import AsgiServer, database_url
-from testing.speech import silence, speak
+from testing.speech import silence, speak, word_edits
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -66,13 +66,8 @@ def words(text: str) -> list[str]:
 
 def word_error_rate(heard: str, expected: str) -> float:
     """Word-level edit distance over the expected word count, case and punctuation ignored."""
-    ref, hyp = words(expected), words(heard)
-    row = list(range(len(hyp) + 1))
-    for i, ref_word in enumerate(ref, 1):
-        previous, row[0] = row[0], i
-        for j, hyp_word in enumerate(hyp, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (ref_word != hyp_word))
-    return row[-1] / max(1, len(ref))
+    ref = words(expected)
+    return word_edits(ref, words(heard)) / max(1, len(ref))
 
 
 def test_the_word_error_rate_counts_edits() -> None:
