@@ -7,11 +7,11 @@
 
 Each process appends JSON lines to BENCH_GC_FILE: one per full (generation 2) collection
 (its pause, what it collected, the objects it walked) and, every 2 s, its totals per
-generation (count, total and longest pause). BENCH_GC_THRESHOLDS=a,b,c sets other collector
-thresholds in the web workers, for experiments (xiaozhi_site/asgi.py sets the server's at
-start-up; this module's settings are read before that, so only where asgi.py sets none). Not used by the default runs: the hook costs a
+generation (count, total and longest pause). Not used by the default runs: the hook costs a
 few microseconds per collection, and counting the objects of a full collection walks them
-again (after the pause is timed).
+again (after the pause is timed). BENCH_GC_THRESHOLDS=a,b,c sets other collector thresholds
+in the web workers, for experiments; these settings are read before xiaozhi_site/asgi.py
+sets the server's own (xiaozhi_site/collector.py), so it only counts where that sets none.
 """
 from __future__ import annotations
 

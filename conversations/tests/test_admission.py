@@ -110,15 +110,18 @@ async def sockets() -> Any:
 
 @pytest.mark.django_db(transaction=True)
 async def test_past_capacity_a_new_device_gets_1013_and_the_connected_one_keeps_talking(
-        sockets: list, settings: Any) -> None:
+        sockets: list, settings: Any, database_hops: list[object]) -> None:
     settings.XIAOZHI_MAX_STREAMING_SESSIONS = 2
     first, second = [await database_sync_to_async(BoundDeviceFactory)() for _ in range(2)]
     admitted = await session_of(first, sockets)
     gate = admission_module.admission()
     gate._task.cancel()  # type: ignore[union-attr]  # the test does the counting: no race with the watcher
     gate.observe_streaming(2)  # as the watcher would count two listening sessions
-    refused = await open_socket(sockets, headers_for(second))
+    headers = headers_for(second)
+    database_hops.clear()
+    refused = await open_socket(sockets, headers)
     assert await close_of(refused) == (CloseCode.TRY_AGAIN_LATER, "server busy: streaming capacity reached")
+    assert database_hops == []  # refused before the authentication: nothing but the close frame
     await assert_alive(admitted)
     device = await database_sync_to_async(Device.objects.get)(pk=second.pk)
     assert not device.is_online and device.session_id == ""  # refused before the claim: no DB write
