@@ -179,6 +179,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self._refuse(CloseCode.INTERNAL_ERROR, "internal error")
             return
         if prepared is None or auth.device is None:  # the authentication said no
+            admission().withdraw()
             await self._refuse(auth.close_code or CloseCode.AUTH_FAILED, auth.reason or "refused")
             return
         await self._start_prepared(auth.device, prepared)

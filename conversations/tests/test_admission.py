@@ -45,6 +45,17 @@ async def test_streaming_limit_counts_the_sockets_admitted_since_the_last_count(
     assert gate.admit() is not None
 
 
+async def test_a_withdrawn_socket_gives_its_place_back_before_the_next_count() -> None:
+    gate = Admission(Limits(max_streaming=2), count_streaming=lambda: 0)
+    gate.observe_streaming(1)
+    assert gate.admit() is None
+    gate.withdraw()  # its handshake did not authenticate
+    assert gate.admit() is None
+    gate.withdraw()
+    gate.withdraw()  # never below nothing
+    assert gate.admitted_since_count == 0
+
+
 async def test_no_limits_admit_everyone_and_start_no_watcher() -> None:
     gate = Admission(Limits(), count_streaming=lambda: 10_000)
     gate.observe_lag(60_000.0, 0.0)
