@@ -148,7 +148,7 @@ def install() -> None:
     protocol.create_xor_masker = create_xor_masker  # type: ignore[assignment]
     WebSocketAdapterProtocol.dataReceived = data_received  # type: ignore[method-assign]
     protocol.Timings.__str__ = timings_text  # type: ignore[method-assign]
-    protocol.pformat = lazy_pformat
+    protocol.pformat = lazy_pformat  # type: ignore[assignment]  # a lazy value, formatted as text later
 
 
 def installed() -> bool:

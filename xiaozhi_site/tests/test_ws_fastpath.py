@@ -54,7 +54,12 @@ def test_a_connection_pretty_prints_its_options_only_for_a_debug_line_written(
     monkeypatch.setattr(protocol.Timings, "__str__", protocol.Timings.__str__)
     ws_fastpath.install()
     printed: list[object] = []
-    monkeypatch.setattr(pprint, "pformat", lambda value: printed.append(value) or "pretty")
+
+    def pretty(value: object) -> str:
+        printed.append(value)
+        return "pretty"
+
+    monkeypatch.setattr(pprint, "pformat", pretty)
     connection = WebSocketServerProtocol()
     connection.factory = WebSocketServerFactory()
     connection.factory.setProtocolOptions(openHandshakeTimeout=0)  # no timer left on the reactor
