@@ -158,10 +158,12 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self._slot: bool | None = None  # the `bound` flag of the slot this socket holds
         self._claimed: str | None = None  # session id written on the device row
         self._commands = TaskSet("device commands")
+        self._admitted = False  # counted by admission as about to stream
         busy = admission().admit()
         if busy is not None:  # past capacity: the devices already here stay real time
             await self._refuse(CloseCode.TRY_AGAIN_LATER, busy)
             return
+        self._admitted = True
         if not self._take_slot(bound=True):  # an unbound device's own limit: after authentication
             await self._refuse_no_slot(bound=True)
             return
@@ -179,7 +181,6 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self._refuse(CloseCode.INTERNAL_ERROR, "internal error")
             return
         if prepared is None or auth.device is None:  # the authentication said no
-            admission().withdraw()
             await self._refuse(auth.close_code or CloseCode.AUTH_FAILED, auth.reason or "refused")
             return
         await self._start_prepared(auth.device, prepared)
@@ -220,6 +221,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
 
     async def _refuse(self, code: int, reason: str) -> None:
         self._release_slot()  # a refused socket holds no slot, even before it disconnects
+        if self._admitted:  # nor a place with admission: it will not stream
+            self._admitted = False
+            admission().withdraw()
         # Accept first: a close before accept is an HTTP 403 without code or reason.
         if not self._open:
             await self.accept()

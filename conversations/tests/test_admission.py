@@ -138,3 +138,18 @@ async def test_past_capacity_a_new_device_gets_1013_and_the_connected_one_keeps_
     assert not device.is_online and device.session_id == ""  # refused before the claim: no DB write
     gate.observe_streaming(1)
     await session_of(second, sockets)  # the firmware's retry gets in once there is room
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_handshake_refused_after_admission_leaves_its_place_to_the_next_device(
+        sockets: list, settings: Any) -> None:
+    settings.XIAOZHI_MAX_STREAMING_SESSIONS = 2
+    first, second = [await database_sync_to_async(BoundDeviceFactory)() for _ in range(2)]
+    await session_of(first, sockets)
+    gate = admission_module.admission()
+    gate._task.cancel()  # type: ignore[union-attr]  # the test does the counting: no race with the watcher
+    gate.observe_streaming(1)
+    forged = await open_socket(sockets, headers_for(second, token="forged.1"))
+    assert await close_of(forged) == (CloseCode.AUTH_FAILED, "token invalid")
+    await session_of(second, sockets)  # the forged socket's place was given back before the next count
+
