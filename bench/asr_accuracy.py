@@ -1,6 +1,7 @@
 """Whisper windows: word errors and time per utterance, over the same speech.
 
     .venv/bin/python bench/asr_accuracy.py [--voices piper,espeak] [--limit N] [--fast-windows 12,10]
+                                           [--confidence=-0.2,-0.3]
 
 100 questions and commands of the kind a voice assistant hears, spoken by Piper (en_US
 "joe", the natural voice) and by espeak-ng, sent through Opus and back as a device would,
@@ -10,7 +11,10 @@ over each `--fast-windows` window. From those it reports, per voice and in all:
 - the 30 s window alone;
 - each short window alone (what `window_s` gives);
 - `fast_pass` with each short window: the short answer where `confident()` accepts it,
-  else the 30 s answer (so the two-pass time is short + full for the unsure ones).
+  else the 30 s answer (so the two-pass time is short + full for the unsure ones);
+  `--confidence` adds the same at other avg_logprob floors than `CONFIDENT_LOGPROB`, to
+  choose it. The first twelve sentences are P4's questions: the rows "without P4's" leave
+  them out, so a floor is not chosen for the benchmark it speeds up.
 
 Word errors: the edit distance over words after lowercasing, dropping punctuation and
 spelling digits out ("30%" → "thirty percent"), so "set a timer for 10 minutes" is right.
@@ -31,6 +35,7 @@ from common import fmt, header, md_table
 
 from testing.speech import word_edits
 
+P4_QUESTIONS = 12  # the first twelve sentences are bench/p4_voice.py's questions
 SENTENCES = (
     "what time is it", "turn on the kitchen light", "what is the weather going to be like tomorrow",
     "please set the volume to thirty percent", "tell me a joke", "how far is the moon from the earth",
@@ -96,6 +101,19 @@ def word_errors(reference: str, heard: str) -> int:
     return word_edits(words(reference), words(heard))
 
 
+@dataclass(frozen=True)
+class Short:
+    """The short pass over one window."""
+
+    text: str  # the answer (empty when keep_segment drops it)
+    ms: float
+    avg_logprob: float
+    looping: bool  # Whisper's compression-ratio rule: never kept, whatever the floor
+
+    def sure(self, floor: float) -> bool:
+        return self.avg_logprob >= floor and not self.looping
+
+
 @dataclass
 class Heard:
     """One utterance, decoded every way."""
@@ -103,7 +121,7 @@ class Heard:
     sentence: str
     full: str
     full_ms: float
-    short: dict[int, tuple[str, float, bool]] = field(default_factory=dict)  # window → (text, ms, confident)
+    short: dict[int, Short] = field(default_factory=dict)  # by window
 
 
 def through_opus(pcm: bytes) -> np.ndarray:
@@ -133,27 +151,41 @@ def decode_all(sentences: tuple[str, ...], say: Callable[[str], bytes], windows:
             started = time.perf_counter()
             short = asr._decode_short(engine, model, audio, "en", window)
             elapsed = (time.perf_counter() - started) * 1000
-            text = asr._answer(short)
-            item.short[window] = (text, elapsed, fw.confident(short.text, short.avg_logprob))
+            looping = not fw.confident(short.text, 0.0)  # the ratio part of confident()
+            item.short[window] = Short(asr._answer(short), elapsed, short.avg_logprob, looping)
         heard.append(item)
     return heard
 
 
-def rows_for(voice: str, heard: list[Heard], windows: list[int]) -> list[list[str]]:
+def rows_for(voice: str, heard: list[Heard], windows: list[int], floors: list[float]) -> list[list[str]]:
     total = sum(len(words(h.sentence)) for h in heard)
     rows = [[voice, "30 s window (default)", str(sum(word_errors(h.sentence, h.full) for h in heard)), str(total),
              fmt(statistics.median(h.full_ms for h in heard), 0), "-"]]
     for window in windows:
-        alone = sum(word_errors(h.sentence, h.short[window][0]) for h in heard)
+        alone = sum(word_errors(h.sentence, h.short[window].text) for h in heard)
         rows.append([voice, f"{window} s window alone", str(alone), str(total),
-                     fmt(statistics.median(h.short[window][1] for h in heard), 0), "-"])
-        kept = [h.short[window][2] for h in heard]
-        two = sum(word_errors(h.sentence, h.short[window][0] if sure else h.full)
-                  for h, sure in zip(heard, kept, strict=True))
-        times = [h.short[window][1] + (0.0 if sure else h.full_ms) for h, sure in zip(heard, kept, strict=True)]
-        rows.append([voice, f"fast_pass over {window} s", str(two), str(total), fmt(statistics.median(times), 0),
-                     f"{sum(kept)} of {len(heard)}"])
+                     fmt(statistics.median(h.short[window].ms for h in heard), 0), "-"])
+        for floor in floors:
+            label = f"fast_pass over {window} s" + ("" if floor == fw_floor() else f", avg_logprob ≥ {floor:g}")
+            rows.append([voice, label, *two_passes(heard, window, floor)])
+            rows.append([voice, f"{label}, without P4's", *two_passes(heard[P4_QUESTIONS:], window, floor)])
     return rows
+
+
+def two_passes(heard: list[Heard], window: int, floor: float) -> list[str]:
+    """Word errors, words, median ms and answers kept of `fast_pass` at one confidence floor."""
+    kept = [h.short[window].sure(floor) for h in heard]
+    errors = sum(word_errors(h.sentence, h.short[window].text if sure else h.full)
+                 for h, sure in zip(heard, kept, strict=True))
+    times = [h.short[window].ms + (0.0 if sure else h.full_ms) for h, sure in zip(heard, kept, strict=True)]
+    return [str(errors), str(sum(len(words(h.sentence)) for h in heard)), fmt(statistics.median(times), 0),
+            f"{sum(kept)} of {len(heard)}"]
+
+
+def fw_floor() -> float:
+    from conversations.providers.asr.faster_whisper import CONFIDENT_LOGPROB  # noqa: PLC0415 - after django.setup
+
+    return CONFIDENT_LOGPROB
 
 
 def main() -> None:
@@ -161,6 +193,7 @@ def main() -> None:
     parser.add_argument("--voices", default="piper,espeak")
     parser.add_argument("--limit", type=int, default=len(SENTENCES), help="the first N sentences only")
     parser.add_argument("--fast-windows", default="12,10", help="short windows to try (s)")
+    parser.add_argument("--confidence", default="", help="avg_logprob floors to try besides the default")
     args = parser.parse_args()
     import django  # noqa: PLC0415
 
@@ -170,6 +203,7 @@ def main() -> None:
     from testing.utterances import PiperSpeaker  # noqa: PLC0415
 
     windows = [int(w) for w in args.fast_windows.split(",") if w.strip()]
+    floors = [fw_floor(), *[float(f) for f in args.confidence.split(",") if f.strip() and float(f) != fw_floor()]]
     speakers: dict[str, Callable[[str], bytes]] = {"espeak": speak}
     if "piper" in args.voices:
         speakers["piper"] = PiperSpeaker().say
@@ -179,16 +213,16 @@ def main() -> None:
     misheard: list[list[str]] = []
     for voice in [v.strip() for v in args.voices.split(",") if v.strip()]:
         heard = decode_all(sentences, speakers[voice], windows)
-        rows += rows_for(voice, heard, windows)
+        rows += rows_for(voice, heard, windows, floors)
         for h in heard:
-            texts = [h.full] + [h.short[w][0] for w in windows]
+            texts = [h.full] + [h.short[w].text for w in windows]
             if any(word_errors(h.sentence, t) for t in texts):
                 misheard.append([voice, h.sentence, h.full,
-                                 *[f"{h.short[w][0]}{'' if h.short[w][2] else ' (unsure)'}" for w in windows]])
+                                 *[f"{h.short[w].text} ({h.short[w].avg_logprob:.2f})" for w in windows]])
     print(md_table(["voice", "decoding", "word errors", "words", "median ms", "short answer kept"], rows,
                    align="llrrrr"))
     print()
-    print(md_table(["voice", "said", "30 s heard", *[f"{w} s heard" for w in windows]], misheard))
+    print(md_table(["voice", "said", "30 s heard", *[f"{w} s heard (avg_logprob)" for w in windows]], misheard))
 
 
 if __name__ == "__main__":

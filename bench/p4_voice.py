@@ -5,7 +5,7 @@ p50 ≤ silence window + 400 ms.
 
     .venv/bin/python bench/p4_voice.py [--turns 10] [--silence-ms 600] [--tts piper|espeak]
                                        [--turn silence|smart] [--speech espeak|piper]
-                                       [--asr-options '{"fast_pass": true}'] [--early-reply on|off]
+                                       [--asr-options '{"fast_pass": false}'] [--early-reply on|off]
 
 `--turn smart` gives the persona semantic end of turn (Smart Turn v3.2, 100 ms pause, 1.5 s
 at most; issue 16's target p50 ≤ 650 ms); run it with `--speech piper`, since espeak-ng's
@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument("--early-reply", choices=("on", "off"), default="on",
                         help="the persona's early_reply (the LLM asked on a pause's transcript)")
     parser.add_argument("--asr-options", type=json.loads, default={},
-                        help='options of the faster-whisper configuration, as JSON (e.g. \'{"fast_pass": true}\')')
+                        help='options of the faster-whisper configuration, as JSON (e.g. \'{"fast_pass": false}\')')
     args = parser.parse_args()
     if args.speech == "piper":
         SPEAKERS["piper"] = PiperSpeaker().say

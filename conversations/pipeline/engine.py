@@ -272,6 +272,8 @@ class VoiceEngine:
         transcript = fallback.transcribe(chains.asr, utterance.pcm, utterance.sample_rate, language, attempts)
         self._speculation = self._tasks.create(_speculative(transcript, attempts, self._early_reply),
                                                name="asr-speculative")
+        if self._ctx.config.persona.early_reply:
+            self._hearing.check_after(self._speculation)  # the transcript first (Hearing.check_after)
 
     def _early_reply(self, text: str) -> EarlyReply | None:
         if not self._ctx.config.persona.early_reply or self._closed:

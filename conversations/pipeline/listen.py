@@ -23,7 +23,8 @@ With "smart" turn detection the ear also asks, once per pause, whether the utter
 complete: the hearing runs the end-of-turn model (its own bounded thread pool, providers/
 turn/smart_turn.py) in a task it owns, and hands the verdict back to the ear between
 batches; "complete" ends the utterance at once, and finds the speculative ASR (started at
-the first quiet window, endpointing.SPECULATE_SMART_MS) and its early reply under way. The
+the first quiet window, endpointing.SPECULATE_SMART_MS) and its early reply under way; with
+early replies the check waits for that transcription first (`check_after`). The
 checks of an utterance (probability, model time, who ended it, the silence waited) travel
 with it to the turn's timings.
 """
@@ -62,6 +63,9 @@ __all__ = [
 QUEUE_PACKETS = 50  # 3 s of 60 ms packets
 MAX_BATCH = 16
 POST_WAKE_MUTE_S = 1.8  # wake-word audio and the greeting's echo are not a question
+# A pause's turn check waits this long at most for the pause's transcription (`check_after`):
+# Whisper's short pass takes ~170 ms on 2 cores, ~250 ms while the model runs beside it.
+CHECK_WAIT_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,7 @@ class Hearing:
         # (generation, check, verdict, packets received when it came)
         self._verdicts: deque[tuple[int, int, TurnVerdict | None, int]] = deque(maxlen=4)
         self._checks: list[TurnVerdict] = []  # the current utterance's answers
+        self._check_after: asyncio.Future[Any] | None = None  # see check_after
         self._queue: deque[tuple[bytes, float, int] | object] = deque()  # (packet, arrival, stamp) or _FLUSH
         self._queue_packets = queue_packets
         self._loop = asyncio.get_running_loop()
@@ -224,6 +229,13 @@ class Hearing:
         self._queue.append(_FLUSH)
         self.accepting = False
         self._schedule()
+
+    def check_after(self, transcription: asyncio.Future[Any] | None) -> None:
+        """The pause's turn check waits for `transcription` (at most CHECK_WAIT_S) before it
+        runs the model. With early replies the transcript, then the LLM, is the turn's critical
+        path and the verdict only has to come before the reply is ready; the model and Whisper
+        on the same two cores slowed the transcript by up to ~80 ms (P4, docs/performance.md)."""
+        self._check_after = transcription
 
     def push(self, packet: bytes, timestamp: int = 0) -> None:
         """Queue one uplink packet (`timestamp`: its v2 stamp). Never blocks; cheap enough to
@@ -377,6 +389,9 @@ class Hearing:
 
     async def _check(self, model: TurnModel, pcm: bytes, check: int, generation: int) -> None:
         verdict: TurnVerdict | None
+        first = self._check_after
+        if first is not None and not first.done():
+            await asyncio.wait((first,), timeout=CHECK_WAIT_S)  # never cancels it
         try:
             verdict = await model.predict(pcm)
         except asyncio.CancelledError:

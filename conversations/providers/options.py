@@ -29,7 +29,7 @@ class FasterWhisperOptions(NoOptions):
     threads: int = Field(2, ge=1, le=16)
     max_concurrency: int = Field(1, ge=1, le=8)
     window_s: int = Field(30, ge=8, le=30)  # < 30: the short window alone, faster, less accurate
-    fast_pass: bool = False  # a 12 s window first, kept when the decoder is sure (faster_whisper.py)
+    fast_pass: bool = True  # a 12 s window first, kept when the decoder is sure (faster_whisper.py)
 
 
 class EdgeOptions(NoOptions):

@@ -398,6 +398,19 @@ async def test_an_early_reply_asks_the_llm_before_the_turn_ends(rig: Any) -> Non
     assert subtitles == ["Sure,", "the light is on now.", "Anything else?"]
 
 
+@pytest.mark.parametrize("early", [True, False])
+async def test_the_pauses_turn_check_waits_for_its_transcript_only_with_early_replies(rig: Any, early: bool) -> None:
+    """Hearing.check_after: with early replies the transcript is the critical path; without
+    them the verdict is, and the model must not wait."""
+    r = await rig(make_persona(early_reply=early))
+    await r.session.feed_text(listen("start", mode="auto"))
+    await feed_in_real_time(r, silence(16000, 300) + speak("turn on the kitchen light") + silence(16000, 900))
+    await r.wait_for(lambda: len(r.hooks.turns) == 1, timeout=20)
+    waited_for = r.engine.hearing._check_after
+    assert (waited_for is not None) == early
+    assert waited_for is None or (waited_for.done() and waited_for.result().text == "turn on the kitchen light")
+
+
 async def test_speech_resuming_cancels_the_early_reply_and_none_of_it_reaches_the_device(rig: Any) -> None:
     r = await rig(make_persona(early_reply=True, vad_min_silence_ms=600), providers={
         "asr.fake_echo": {"script": ["turn on the"], "text": "turn on the kitchen light"},

@@ -19,21 +19,23 @@ No-speech filtering (why each rule exists):
 faster-whisper's built-in skip is disabled (thresholds None) so all of this lives in one
 documented, unit-tested function, `keep_segment`.
 
-Two passes, the first one short (`fast_pass`, off by default). `WhisperModel.transcribe` always
+Two passes, the first one short (`fast_pass`, on by default). `WhisperModel.transcribe` always
 pads the features to Whisper's 30 s window, and the encoder over those 1,500 positions is ~290
 ms of the ~340 ms a 2 s question takes on 2 cores (int8, 2 threads); over a 12 s window (600
-positions) a question takes ~170 ms in all. A short window alone costs accuracy on natural
-speech (100 Piper utterances: 29 word errors against 20 over 30 s), so an utterance up to 7 s is
+positions) a question takes ~140 ms in all. A short window alone costs accuracy on natural
+speech (100 Piper utterances: 24 word errors against 16 over 30 s), so an utterance up to 7 s is
 first decoded over 12 s and that answer stands only when the decoder was sure of it
-(`confident`: avg_logprob ≥ -0.2, and not a looping decode by Whisper's own compression-ratio
-rule); otherwise it is decoded again over the full 30 s, as `transcribe` would. On 200
-utterances (100 Piper, 100 espeak-ng; 1,266 words) the two passes made 142 word errors against
-143 for the 30 s window alone, and the short answer stood for 72 of the 100 Piper utterances
-(docs/performance.md, P4). It is off by default: an unsure utterance pays for both passes (~510
-ms), and with a fixed silence window the 30 s pass alone was already done before the window
-ended, so there the two passes only made P4's slow turns slower (p90 1,032 → 1,189 ms). It pays
-with Smart Turn, where the turn can end ~250 ms after the speech and the transcript is waited
-for. The short window is not cut to the speech: tiny.en needs padding after it (with 1 s or less
+(`confident`: avg_logprob ≥ -0.25, and not a looping decode by Whisper's own compression-ratio
+rule); otherwise it is decoded again over the full 30 s, as `transcribe` would.
+`bench/asr_accuracy.py` (100 utterances per voice, 571 words, through Opus): with Piper's
+natural voice the two passes make the 30 s window's 16 word errors and the short answer stands
+for 73 of 100; with espeak-ng's robotic one 103 against 97. The floor was chosen on the 88
+utterances that are not P4's questions: -0.25 keeps 64 short answers with the errors of -0.2
+(14 Piper, 89 against 90 espeak-ng), which keeps 56; -0.3 adds 4 Piper errors. An unsure
+utterance pays for both passes (~480 ms); the sure ones, most of what people say, are
+transcribed ~200 ms sooner, and with Smart Turn and early replies the transcript is the turn's
+critical path (P4, docs/performance.md). `{"fast_pass": false}` keeps the 30 s pass alone.
+The short window is not cut to the speech: tiny.en needs padding after it (with 1 s or less
 it repeats "Yes. Yes. ..." up to the token limit; with 5 s it heard "Turn" as "Pern"). The short
 path calls the CTranslate2 model (`WhisperModel.model.encode` / `generate`) with the options
 `_decode_full` gives `transcribe`, so `keep_segment` sees the same no_speech_prob and
@@ -72,7 +74,7 @@ FULL_WINDOW_S = 30  # Whisper's own window (the default: the most accurate)
 MIN_WINDOW_S = 8
 FAST_WINDOW_S = 12  # the first pass's window (module docstring)
 PADDING_AFTER_S = 5  # a short window keeps this much after the speech (less loops, module docstring)
-CONFIDENT_LOGPROB = -0.2  # the first pass's answer stands at or above this avg_logprob
+CONFIDENT_LOGPROB = -0.25  # the first pass's answer stands at or above this avg_logprob
 MAX_COMPRESSION_RATIO = 2.4  # Whisper's own sign of a looping decode (its fallback rule)
 MAX_TOKENS_PER_S = 12  # ~3x fast speech: bounds a decoder that loops instead of ending
 _ANNOTATION = re.compile(r"^\s*(\[[^\]]*\]|\([^)]*\)|\*[^*]*\*)\s*$")
@@ -221,7 +223,7 @@ class FasterWhisperASR:
         max_concurrency: int = 1,
         beam_size: int = 1,
         window_s: float = FULL_WINDOW_S,
-        fast_pass: bool = False,
+        fast_pass: bool = True,
         **_: Any,
     ) -> None:
         self.model = model
