@@ -82,6 +82,11 @@ class Admission:
         self.admitted_since_count += 1
         return None
 
+    def withdraw(self) -> None:
+        """A socket admitted a moment ago was then refused (its handshake did not authenticate):
+        it will not stream, so it does not hold a place until the next count."""
+        self.admitted_since_count = max(0, self.admitted_since_count - 1)
+
     # -- what the watcher sees ----------------------------------------------------------------
 
     def observe_lag(self, lag_ms: float, now: float) -> None:

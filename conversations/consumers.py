@@ -1,11 +1,11 @@
 """DeviceConsumer: the thin Channels adapter between a device socket and its VoiceSession.
 
-Authentication happened before the consumer runs: DeviceAuthMiddleware (devices/middleware.py)
-put the decision in `scope["device_auth"]`. `connect` enforces it, takes a connection slot,
-loads the session configuration and claims the device (one DB hop), then accepts; a
-previous socket of the same device, in this process or another, is told to close
-(`device.replaced`). So by the time the device can send its hello the session is ready to
-answer it at once.
+`connect` asks admission and takes a connection slot first (no database: a refusal in a
+storm costs nothing else), then authenticates the handshake (devices/auth.py), loads the
+session configuration and claims the device in one DB hop, then accepts; a previous socket
+of the same device, in this process or another, is told to close (`device.replaced`). So by
+the time the device can send its hello the session is ready to answer it at once. An unbound
+device's session is set up in a second hop, once its smaller share of slots is checked.
 
 Channels awaits one handler at a time per consumer (socket frames and channel-layer events
 share one queue), so every handler here returns quickly: frames are handed to the session,
@@ -35,7 +35,7 @@ from conversations.selectors import persona_for_device_cached, request_base_url,
 from conversations.services import DbSessionHooks
 from dashboard.live import REGISTRY as LIVE_FIGURES
 from devices.addresses import header_value, scope_client_address
-from devices.auth import DeviceAuthResult
+from devices.auth import DeviceAuthResult, device_authenticate_scope
 from devices.presence import TOUCH_INTERVAL_SECONDS, device_connection_claim
 from devices.presence_writer import offline_writer
 from devices.protocol.close_codes import CloseCode
@@ -51,7 +51,6 @@ logger = logging.getLogger(__name__)
 
 # How long a closing socket waits for its offline write (the writer carries on regardless).
 OFFLINE_WAIT_SECONDS = 5.0
-NOT_AUTHENTICATED = DeviceAuthResult(ok=False, close_code=CloseCode.AUTH_FAILED, reason="not authenticated")
 
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -98,8 +97,11 @@ def voice_engine_factory(ctx: EngineContext) -> VoiceEngine:
     return FullVoiceEngine(ctx)
 
 
-def _prepare(auth: DeviceAuthResult, scope: Mapping[str, Any], channel_name: str) -> tuple[SessionConfig, int, str]:
-    """Session configuration, and the device claimed for this socket (sync, ORM, one hop).
+Prepared = tuple[SessionConfig, int, str]  # the config, the persona id, the channel replaced
+
+
+def _prepare(auth: DeviceAuthResult, scope: Mapping[str, Any], channel_name: str) -> Prepared:
+    """Session configuration, and the device claimed for this socket (sync, ORM).
 
     Returns the config, the persona id and the channel of the connection this one replaces.
     """
@@ -111,6 +113,18 @@ def _prepare(auth: DeviceAuthResult, scope: Mapping[str, Any], channel_name: str
     previous = device_connection_claim(device_id=device.pk, session_id=config.session_id, channel_name=channel_name,
                                        expected=device.channel_name)
     return config, persona.pk, previous
+
+
+def _authenticate_and_prepare(scope: Mapping[str, Any], channel_name: str) -> tuple[DeviceAuthResult, Prepared | None]:
+    """The handshake's decision and, for a bound device let in, its session set up (sync, ORM).
+
+    One hop instead of two: waking a database thread costs ~0.15 ms of the event loop's CPU
+    and a reboot storm makes thousands (docs/performance.md, P10). An unbound device is not
+    set up here: its smaller share of slots is checked first, on the loop."""
+    auth = device_authenticate_scope(scope)
+    if not auth.ok or auth.device is None or not auth.bound:
+        return auth, None
+    return auth, _prepare(auth, scope, channel_name)
 
 
 class DeviceConsumer(AsyncWebsocketConsumer):
@@ -144,31 +158,48 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self._slot: bool | None = None  # the `bound` flag of the slot this socket holds
         self._claimed: str | None = None  # session id written on the device row
         self._commands = TaskSet("device commands")
-        auth = self.scope.get("device_auth")  # set by DeviceAuthMiddleware
-        if not isinstance(auth, DeviceAuthResult):
-            auth = NOT_AUTHENTICATED
-        if not auth.ok or auth.device is None:
-            await self._refuse(auth.close_code or CloseCode.AUTH_FAILED, auth.reason or "refused")
-            return
+        self._admitted = False  # counted by admission as about to stream
         busy = admission().admit()
         if busy is not None:  # past capacity: the devices already here stay real time
             await self._refuse(CloseCode.TRY_AGAIN_LATER, busy)
             return
-        if not self._take_slot(auth.bound):
-            logger.warning("device connection refused: too many connections", extra={"bound": auth.bound})
-            await self._refuse(CloseCode.TRY_AGAIN_LATER, "too many connections")
+        self._admitted = True
+        if not self._take_slot(bound=True):  # an unbound device's own limit: after authentication
+            await self._refuse_no_slot(bound=True)
             return
         try:
             # On the device threads (kept connections), never queued behind sync views.
-            config, persona_id, previous = await device_db(_prepare)(auth, self.scope, self.channel_name)
-            self._claimed = config.session_id
-            await self._start(auth.device, config, persona_id)
+            auth, prepared = await device_db(_authenticate_and_prepare)(self.scope, self.channel_name)
+            if auth.ok and auth.device is not None and prepared is None:  # unbound: its own share of slots
+                self._release_slot()
+                if not self._take_slot(bound=False):
+                    await self._refuse_no_slot(bound=False)
+                    return
+                prepared = await device_db(_prepare)(auth, self.scope, self.channel_name)
         except Exception:  # e.g. the database or the channel layer is unreachable
+            logger.exception("device session start failed")
+            await self._refuse(CloseCode.INTERNAL_ERROR, "internal error")
+            return
+        if prepared is None or auth.device is None:  # the authentication said no
+            await self._refuse(auth.close_code or CloseCode.AUTH_FAILED, auth.reason or "refused")
+            return
+        await self._start_prepared(auth.device, prepared)
+
+    async def _start_prepared(self, device: Device, prepared: Prepared) -> None:
+        config, persona_id, previous = prepared
+        self._claimed = config.session_id
+        try:
+            await self._start(device, config, persona_id)
+        except Exception:  # e.g. the channel layer is unreachable
             logger.exception("device session start failed")
             await self._refuse(CloseCode.INTERNAL_ERROR, "internal error")
             return
         if previous and previous != self.channel_name:
             await self._replace(previous, config.session_id)
+
+    async def _refuse_no_slot(self, bound: bool) -> None:
+        logger.warning("device connection refused: too many connections", extra={"bound": bound})
+        await self._refuse(CloseCode.TRY_AGAIN_LATER, "too many connections")
 
     def _take_slot(self, bound: bool) -> bool:
         cls = DeviceConsumer
@@ -189,6 +220,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self._slot = None
 
     async def _refuse(self, code: int, reason: str) -> None:
+        self._release_slot()  # a refused socket holds no slot, even before it disconnects
+        if self._admitted:  # nor a place with admission: it will not stream
+            self._admitted = False
+            admission().withdraw()
         # Accept first: a close before accept is an HTTP 403 without code or reason.
         if not self._open:
             await self.accept()

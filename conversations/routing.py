@@ -1,7 +1,7 @@
-"""WebSocket routes. The device route is wrapped in DeviceAuthMiddleware (the handshake's
-bearer token, Device-Id and Client-Id are checked before the consumer runs) and
-deliberately not in an Origin validator: the firmware sends no Origin header
-(protocol-reference §11.1). Both `/xiaozhi/v1/` and `/xiaozhi/v1` are served (gotcha 13)."""
+"""WebSocket routes. The device consumer checks the handshake's bearer token, Device-Id and
+Client-Id itself, before it accepts (in the database hop that sets its session up), and
+the route is deliberately not wrapped in an Origin validator: the firmware sends no Origin
+header (protocol-reference §11.1). Both `/xiaozhi/v1/` and `/xiaozhi/v1` are served (gotcha 13)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
@@ -10,7 +10,6 @@ from django.urls import re_path
 
 from conversations.consumers import DeviceConsumer
 from conversations.gateway.consumer import GatewayConsumer
-from devices.middleware import DeviceAuthMiddleware
 
 if TYPE_CHECKING:
     from channels.routing import URLRouter, _ExtendedURLPattern
@@ -22,7 +21,7 @@ def _route(pattern: str, application: Any, name: str | None = None) -> _Extended
 
 
 websocket_urlpatterns: list[_ExtendedURLPattern | URLRouter] = [
-    _route(r"^xiaozhi/v1/?$", DeviceAuthMiddleware(DeviceConsumer.as_asgi()), name="device-ws"),
+    _route(r"^xiaozhi/v1/?$", DeviceConsumer.as_asgi(), name="device-ws"),
 ]
 
 # LLM Gateway (seed 001): text clients; the root path too, so `ws://host:port` works as the seed shows.

@@ -1,8 +1,9 @@
 """Who may open a device WebSocket: the decision, separate from the consumer that enforces it.
 
-The device-auth middleware (devices/middleware.py) calls `device_authenticate` through
-`database_sync_to_async` with the handshake headers (names in any case) and query
-parameters; the consumer accepts or closes with the returned code. Policy comes from
+The device consumer (conversations/consumers.py) calls `device_authenticate_scope` with the
+handshake's scope on a database thread, in the same hop as the session set-up; the headers
+(names in any case) and query parameters decide, and the consumer accepts or closes with the
+returned code. Policy comes from
 settings: XIAOZHI_WS_AUTH ("token" or "open"), XIAOZHI_WS_ALLOWED_MACS (skip the token
 check) and XIAOZHI_UNBOUND_POLICY ("speak_code", "refuse", "allow"). With tokens, a bound
 device is only accepted with the Client-Id it was bound with (trust on first use).
@@ -12,7 +13,10 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
 
 from django.conf import settings
 
@@ -131,3 +135,10 @@ def device_authenticate(*, headers: dict[str, str], query: dict[str, str]) -> De
         # A token issued to this Client-Id before the device was bound to another one.
         return _refuse("client id not paired", device=device)
     return _with_binding_policy(device, client_id)
+
+
+def device_authenticate_scope(scope: Mapping[str, Any]) -> DeviceAuthResult:
+    """`device_authenticate` for a WebSocket handshake's ASGI scope (sync, ORM)."""
+    headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope.get("headers", ())}
+    query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+    return device_authenticate(headers=headers, query=query)

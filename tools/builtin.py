@@ -8,6 +8,7 @@ write there and the session reads it back, so these functions need no session ob
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -391,6 +392,21 @@ _CATALOGUE = [
 BUILTIN_TOOLS: dict[str, BuiltinTool] = {tool.name: tool for tool in _CATALOGUE}
 
 
+@functools.lru_cache(maxsize=64)
+def builtin_listing(allowed: frozenset[str] | None) -> tuple[ToolSpec, ...]:
+    """The specs of the allowed built-in tools, made once per set of allowed names.
+
+    Every session lists them as it starts: a deep copy of every schema per session was ~0.4 ms
+    of a device's connect in a reboot storm (docs/performance.md, P10). The copies made here
+    keep the catalogue itself out of reach; the specs are frozen and their parameter dicts
+    are shared by the sessions, as the prepared listings of tools/registry.py already are
+    (nobody mutates them)."""
+    return tuple(
+        ToolSpec(t.name, t.description, copy.deepcopy(t.parameters), "server")
+        for name, t in BUILTIN_TOOLS.items() if allowed is None or name in allowed
+    )
+
+
 class BuiltinToolSource:
     """The built-in tools as a ToolSource (kind "server"), bound to one session's state."""
 
@@ -407,16 +423,8 @@ class BuiltinToolSource:
         self.allowed = frozenset(allowed) if allowed is not None else None
         self.timeout = timeout
 
-    def _tools(self) -> list[BuiltinTool]:
-        allowed = self.allowed
-        return [t for name, t in BUILTIN_TOOLS.items() if allowed is None or name in allowed]
-
     async def list_tools(self) -> list[ToolSpec]:
-        # Deep copies: the catalogue is module-global and shared by every session.
-        return [
-            ToolSpec(t.name, t.description, copy.deepcopy(t.parameters), "server")
-            for t in self._tools()
-        ]
+        return list(builtin_listing(self.allowed))
 
     async def call(self, name: str, arguments: dict) -> str:
         tool = BUILTIN_TOOLS.get(name)

@@ -14,11 +14,17 @@ event loop's time at 250 streaming devices.
 and a read holding exactly one whole masked binary message goes to the application at once
 (`data_received` lists what it checks first).
 
-`install()` swaps both; idempotent, applied by xiaozhi_site.asgi with the other daphne
+A pretty-printed debug line per connection. autobahn's `_connectionMade` pretty-prints its
+~40 options for a debug line the logger then drops: ~0.2 ms of the event loop per device
+connect, ~2 % of the server's time in a reboot storm (docs/performance.md, P10). Its module's
+`pformat` now defers the work to when a line is really formatted.
+
+`install()` swaps all three; idempotent, applied by xiaozhi_site.asgi with the other daphne
 patches.
 """
 from __future__ import annotations
 
+import pprint
 from typing import Any
 
 
@@ -54,6 +60,32 @@ class IntXorMasker:
 def create_xor_masker(mask: bytes, length: int | None = None) -> IntXorMasker:
     """autobahn's factory signature; one masker fits every length."""
     return IntXorMasker(mask)
+
+
+class LazyPformat:
+    """`pprint.pformat(value)` when (and only if) it is turned into text."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return pprint.pformat(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def lazy_pformat(value: object) -> Any:
+    """autobahn.websocket.protocol's `pformat`: only ever an argument of a debug line there,
+    except in `Timings.__str__`, which install() gives a real one."""
+    return LazyPformat(value)
+
+
+def timings_text(self: Any) -> str:
+    """`Timings.__str__` as autobahn writes it, with the real pformat."""
+    return pprint.pformat(self._timings)
 
 
 OPEN = 3  # autobahn's WebSocketProtocol.STATE_OPEN (install() checks)
@@ -115,6 +147,8 @@ def install() -> None:
         raise RuntimeError("autobahn's connection states changed: review ws_fastpath")
     protocol.create_xor_masker = create_xor_masker  # type: ignore[assignment]
     WebSocketAdapterProtocol.dataReceived = data_received  # type: ignore[method-assign]
+    protocol.Timings.__str__ = timings_text  # type: ignore[method-assign]
+    protocol.pformat = lazy_pformat  # type: ignore[assignment]  # a lazy value, formatted as text later
 
 
 def installed() -> bool:
@@ -122,4 +156,5 @@ def installed() -> bool:
     from autobahn.websocket import protocol  # noqa: PLC0415
 
     reader = WebSocketAdapterProtocol.dataReceived
-    return bool(protocol.create_xor_masker is create_xor_masker and reader is data_received)
+    return bool(protocol.create_xor_masker is create_xor_masker and reader is data_received
+                and protocol.pformat is lazy_pformat)

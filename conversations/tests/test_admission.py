@@ -45,6 +45,17 @@ async def test_streaming_limit_counts_the_sockets_admitted_since_the_last_count(
     assert gate.admit() is not None
 
 
+async def test_a_withdrawn_socket_gives_its_place_back_before_the_next_count() -> None:
+    gate = Admission(Limits(max_streaming=2), count_streaming=lambda: 0)
+    gate.observe_streaming(1)
+    assert gate.admit() is None
+    gate.withdraw()  # its handshake did not authenticate
+    assert gate.admit() is None
+    gate.withdraw()
+    gate.withdraw()  # never below nothing
+    assert gate.admitted_since_count == 0
+
+
 async def test_no_limits_admit_everyone_and_start_no_watcher() -> None:
     gate = Admission(Limits(), count_streaming=lambda: 10_000)
     gate.observe_lag(60_000.0, 0.0)
@@ -110,17 +121,35 @@ async def sockets() -> Any:
 
 @pytest.mark.django_db(transaction=True)
 async def test_past_capacity_a_new_device_gets_1013_and_the_connected_one_keeps_talking(
-        sockets: list, settings: Any) -> None:
+        sockets: list, settings: Any, database_hops: list[object]) -> None:
     settings.XIAOZHI_MAX_STREAMING_SESSIONS = 2
     first, second = [await database_sync_to_async(BoundDeviceFactory)() for _ in range(2)]
     admitted = await session_of(first, sockets)
     gate = admission_module.admission()
     gate._task.cancel()  # type: ignore[union-attr]  # the test does the counting: no race with the watcher
     gate.observe_streaming(2)  # as the watcher would count two listening sessions
-    refused = await open_socket(sockets, headers_for(second))
+    headers = headers_for(second)
+    database_hops.clear()
+    refused = await open_socket(sockets, headers)
     assert await close_of(refused) == (CloseCode.TRY_AGAIN_LATER, "server busy: streaming capacity reached")
+    assert database_hops == []  # refused before the authentication: nothing but the close frame
     await assert_alive(admitted)
     device = await database_sync_to_async(Device.objects.get)(pk=second.pk)
     assert not device.is_online and device.session_id == ""  # refused before the claim: no DB write
     gate.observe_streaming(1)
     await session_of(second, sockets)  # the firmware's retry gets in once there is room
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_handshake_refused_after_admission_leaves_its_place_to_the_next_device(
+        sockets: list, settings: Any) -> None:
+    settings.XIAOZHI_MAX_STREAMING_SESSIONS = 2
+    first, second = [await database_sync_to_async(BoundDeviceFactory)() for _ in range(2)]
+    await session_of(first, sockets)
+    gate = admission_module.admission()
+    gate._task.cancel()  # type: ignore[union-attr]  # the test does the counting: no race with the watcher
+    gate.observe_streaming(1)
+    forged = await open_socket(sockets, headers_for(second, token="forged.1"))
+    assert await close_of(forged) == (CloseCode.AUTH_FAILED, "token invalid")
+    await session_of(second, sockets)  # the forged socket's place was given back before the next count
+

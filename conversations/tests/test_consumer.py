@@ -153,6 +153,23 @@ async def test_it_closes_with_1013_over_the_connection_limit(device: Device, soc
     assert await close_of(second) == (1013, "too many connections")
 
 
+async def test_a_bound_device_is_authenticated_and_set_up_in_one_database_hop(
+        device: Device, sockets: list, database_hops: list[object]) -> None:
+    # Waking a database thread is paid per device, thousands of times in a reboot storm.
+    headers = headers_for(device)
+    database_hops.clear()
+    communicator = await open_socket(sockets, headers)
+    assert len(database_hops) == 1
+    assert (await hello(communicator))["type"] == "hello"
+
+
+async def test_a_refused_handshake_gives_its_slot_back(device: Device, sockets: list) -> None:
+    before = DeviceConsumer.active_connections
+    refused = await open_socket(sockets, headers_for(device, token="forged.1"))
+    assert await close_of(refused) == (4001, "token invalid")
+    assert DeviceConsumer.active_connections == before
+
+
 async def test_a_second_socket_of_the_same_device_replaces_the_first(device: Device, sockets: list) -> None:
     first = await session_of(device, sockets)
     second = await session_of(device, sockets)

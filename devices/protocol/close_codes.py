@@ -29,10 +29,10 @@ class CloseCode(enum.IntEnum):
     | 4413 | MESSAGE_TOO_LARGE | text over max_text_bytes or binary over max_binary_bytes    |
     | 4429 | FLOOD             | more frames than the max_messages_per_second token bucket   |
 
-    4001/4003 are chosen by `devices.auth.device_authenticate` (run by the device-auth
-    middleware, devices/middleware.py) and passed through by the consumer; 1013 and 4409 by
-    the consumer; the others by the session. Every close is logged with its reason, and the
-    reason goes into the close frame (daphne is patched so it reaches the client).
+    4001/4003 are chosen by `devices.auth.device_authenticate` (run by the consumer before
+    it accepts) and passed through by the consumer; 1013 and 4409 by the consumer; the
+    others by the session. Every close is logged with its reason, and the reason goes into
+    the close frame (daphne is patched so it reaches the client).
     """
 
     NORMAL = 1000

@@ -126,6 +126,16 @@ async def test_it_offers_only_the_allowed_tools() -> None:
         await source.call("get_weather", {})
 
 
+async def test_sessions_share_one_listing_made_from_copies_of_the_catalogue() -> None:
+    first = await BuiltinToolSource(state_for()).list_tools()
+    second = await BuiltinToolSource(state_for()).list_tools()
+    assert first == second and all(a is b for a, b in zip(first, second, strict=True))
+    assert first is not second  # each session gets its own list
+    for spec in first:
+        assert spec.parameters == BUILTIN_TOOLS[spec.name].parameters
+        assert spec.parameters is not BUILTIN_TOOLS[spec.name].parameters
+
+
 async def test_an_unknown_tool_is_a_tool_error() -> None:
     with pytest.raises(ToolError, match="unknown server tool"):
         await BuiltinToolSource(state_for()).call("rm_rf", {})

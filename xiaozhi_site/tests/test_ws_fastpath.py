@@ -3,12 +3,13 @@ received bytes reach autobahn's frame parser as before."""
 from __future__ import annotations
 
 import os
+import pprint
 
 import pytest
 from autobahn.websocket import protocol
 from autobahn.websocket.xormasker import create_xor_masker as autobahn_masker
 
-from autobahn.twisted.websocket import WebSocketAdapterProtocol
+from autobahn.twisted.websocket import WebSocketAdapterProtocol, WebSocketServerFactory, WebSocketServerProtocol
 from xiaozhi_site import ws_fastpath
 from xiaozhi_site.ws_fastpath import IntXorMasker
 
@@ -40,9 +41,35 @@ def test_masking_twice_gives_the_data_back() -> None:
 def test_install_swaps_autobahns_factory_and_reader(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(protocol, "create_xor_masker", autobahn_masker)
     monkeypatch.setattr(WebSocketAdapterProtocol, "dataReceived", WebSocketAdapterProtocol.dataReceived)
+    monkeypatch.setattr(protocol, "pformat", pprint.pformat)
+    monkeypatch.setattr(protocol.Timings, "__str__", protocol.Timings.__str__)
     ws_fastpath.install()
     assert ws_fastpath.installed()
     assert isinstance(protocol.create_xor_masker(b"abcd", 10), IntXorMasker)
+
+
+def test_a_connection_pretty_prints_its_options_only_for_a_debug_line_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(protocol, "pformat", pprint.pformat)
+    monkeypatch.setattr(protocol.Timings, "__str__", protocol.Timings.__str__)
+    ws_fastpath.install()
+    printed: list[object] = []
+
+    def pretty(value: object) -> str:
+        printed.append(value)
+        return "pretty"
+
+    monkeypatch.setattr(pprint, "pformat", pretty)
+    connection = WebSocketServerProtocol()
+    connection.factory = WebSocketServerFactory()
+    connection.factory.setProtocolOptions(openHandshakeTimeout=0)  # no timer left on the reactor
+    connection.peer, connection.trackTimings = "tcp:127.0.0.1:1", False
+    connection._connectionMade()
+    assert printed == []  # autobahn's debug logging is off: the options were never formatted
+    options = protocol.pformat([("openHandshakeTimeout", 5, "factory")])
+    assert printed == [] and f"{options}" == str(options) == "pretty"
+    timings = protocol.Timings()
+    assert isinstance(str(timings), str)
 
 
 class FakeConnection:
