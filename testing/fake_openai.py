@@ -167,6 +167,9 @@ class FakeOpenAI:
         endpoints = ("chat", "speech", "transcriptions")
         self._queues: dict[str, deque[ReplySource]] = {name: deque() for name in endpoints}
         self._requests: list[RecordedRequest] = []
+        # time.monotonic() when each `stall_after` stream stopped sending: timeouts are measured
+        # from here (an early reply can stall before the device has heard anything).
+        self.stalled_at: list[float] = []
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -261,12 +264,13 @@ class FakeOpenAI:
         return self._add_rule(Rule(reply, re.compile(pattern) if pattern is not None else None, "tool"))
 
     def reset(self) -> None:
-        """Forget scripts, rules and recorded requests (for a server shared across tests)."""
+        """Forget scripts, rules, recorded requests and stalls (for a server shared across tests)."""
         with self._lock:
             for queue in self._queues.values():
                 queue.clear()
             self.rules.clear()
             self._requests.clear()
+            self.stalled_at.clear()
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -389,6 +393,7 @@ class FakeOpenAI:
         await asyncio.sleep(reply.first_token_delay)
         for n, event in enumerate(events):
             if reply.stall_after is not None and n >= reply.stall_after:
+                self.stalled_at.append(time.monotonic())
                 await self._hang()
             if reply.drop_after is not None and n >= reply.drop_after:
                 _drop_connection(request)
