@@ -325,9 +325,25 @@ async def test_an_answer_waits_for_the_backlog_and_speech_resuming_in_it_makes_i
     await ears.hearing.aclose()
 
 
+async def pause_behind_a_transcription(pool: ThreadPoolExecutor) -> tuple[FakeTurnModel, Listener, asyncio.Future[str]]:
+    """A finished sentence and a pause, heard while the pause's transcription is pending."""
+    model = FakeTurnModel()
+    ears = Listener(model, pool)
+    transcription: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    ears.hearing.check_after(transcription)
+    await ears.push(silence(16000, 600) + speak("turn on the kitchen light") + silence(16000, 420))
+    return model, ears, transcription
+
+
 async def check_begun(hearing: Hearing) -> None:
     while hearing._check_task is None:
         await asyncio.sleep(0.01)
+
+
+async def complete(model: FakeTurnModel, ears: Listener) -> None:
+    model.answer.set_result(TurnVerdict(True, 0.93, 81.0))
+    await asyncio.wait_for(ears.stopped.wait(), 30)
+    await ears.hearing.aclose()
 
 
 async def test_the_check_waits_for_the_pauses_transcription(pool: ThreadPoolExecutor,
@@ -335,36 +351,24 @@ async def test_the_check_waits_for_the_pauses_transcription(pool: ThreadPoolExec
     """With early replies the pause's transcript is the critical path (Hearing.check_after):
     the model runs once it is in, not beside it on the same cores."""
     monkeypatch.setattr(listen, "CHECK_WAIT_S", 30.0)
-    model = FakeTurnModel()
-    ears = Listener(model, pool)
-    transcription: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    ears.hearing.check_after(transcription)
-    await ears.push(silence(16000, 600) + speak("turn on the kitchen light") + silence(16000, 420))
+    model, ears, transcription = await pause_behind_a_transcription(pool)
     await asyncio.wait_for(check_begun(ears.hearing), 30)
     for _ in range(20):  # without the wait the check's task asks the model on its first step
         await asyncio.sleep(0)
     assert not model.asked.is_set()
     transcription.set_result("Turn on the kitchen light.")
     await asyncio.wait_for(model.asked.wait(), 30)
-    model.answer.set_result(TurnVerdict(True, 0.93, 81.0))
-    await asyncio.wait_for(ears.stopped.wait(), 30)
+    await complete(model, ears)
     assert model.calls == 1
-    await ears.hearing.aclose()
 
 
 async def test_a_slow_transcription_holds_the_check_only_so_long(pool: ThreadPoolExecutor,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(listen, "CHECK_WAIT_S", 0.05)
-    model = FakeTurnModel()
-    ears = Listener(model, pool)
-    transcription: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    ears.hearing.check_after(transcription)
-    await ears.push(silence(16000, 600) + speak("turn on the kitchen light") + silence(16000, 420))
+    model, ears, transcription = await pause_behind_a_transcription(pool)
     await asyncio.wait_for(model.asked.wait(), 30)
     assert not transcription.done()  # waited for, never cancelled: it is the turn's transcript
-    model.answer.set_result(TurnVerdict(True, 0.93, 81.0))
-    await asyncio.wait_for(ears.stopped.wait(), 30)
-    await ears.hearing.aclose()
+    await complete(model, ears)
 
 
 # -- the real model ------------------------------------------------------------------------
