@@ -64,7 +64,7 @@ QUEUE_PACKETS = 50  # 3 s of 60 ms packets
 MAX_BATCH = 16
 POST_WAKE_MUTE_S = 1.8  # wake-word audio and the greeting's echo are not a question
 # A pause's turn check waits this long at most for the pause's transcription (`check_after`):
-# Whisper's short pass takes ~170 ms on 2 cores, ~250 ms while the model runs beside it.
+# Whisper's short pass takes ~140-170 ms on 2 cores, ~250 ms while the model runs beside it.
 CHECK_WAIT_S = 0.2
 
 
