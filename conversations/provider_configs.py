@@ -181,6 +181,7 @@ def env_provider_options() -> dict[str, dict[str, Any]]:
                                "compute_type": settings.ASR_WHISPER_COMPUTE_TYPE,
                                "threads": settings.ASR_WHISPER_THREADS,
                                "max_concurrency": settings.ASR_MAX_CONCURRENCY,
+                               "fast_pass": settings.ASR_WHISPER_FAST_PASS,
                                "timeout": settings.ASR_TIMEOUT},
         "turn.smart_turn": {"threads": settings.XIAOZHI_TURN_MODEL_THREADS,
                             "concurrency": settings.XIAOZHI_TURN_MODEL_CONCURRENCY},

@@ -365,6 +365,8 @@ ASR_WHISPER_COMPUTE_TYPE = envchoice(
 )
 ASR_WHISPER_THREADS = envint("ASR_WHISPER_THREADS", 2, minimum=1)
 ASR_MAX_CONCURRENCY = envint("ASR_MAX_CONCURRENCY", 1, minimum=1)
+# A 12 s first pass kept when Whisper is sure (conversations/providers/asr/faster_whisper.py).
+ASR_WHISPER_FAST_PASS = envbool("ASR_WHISPER_FAST_PASS", True)
 ASR_OPENAI_BASE_URL = envstr("ASR_OPENAI_BASE_URL", "")
 ASR_OPENAI_API_KEY = envsecret("ASR_OPENAI_API_KEY", "not-needed")
 ASR_OPENAI_MODEL = envstr("ASR_OPENAI_MODEL", "whisper-1")

@@ -185,3 +185,16 @@ def test_the_window_is_an_option_an_operator_can_set_within_bounds() -> None:
     for wrong in (7, 31, "short"):
         with pytest.raises(OptionsError):
             validate_options("asr", "faster_whisper", {"window_s": wrong})
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_environment_turns_the_first_pass_off(fast: bool) -> None:
+    """ASR_WHISPER_FAST_PASS reaches the configuration every empty option falls back to."""
+    from django.test import override_settings
+
+    from conversations.provider_configs import env_provider_options
+
+    with override_settings(ASR_WHISPER_FAST_PASS=fast):
+        options = env_provider_options()["asr.faster_whisper"]
+    assert options["fast_pass"] is fast
+    assert build("asr", "faster_whisper", **{k: v for k, v in options.items() if k != "timeout"}).fast_pass is fast
