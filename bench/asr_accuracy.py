@@ -107,11 +107,13 @@ class Short:
 
     text: str  # the answer (empty when keep_segment drops it)
     ms: float
+    decoded: str  # what the decoder said, which confident() judges
     avg_logprob: float
-    looping: bool  # Whisper's compression-ratio rule: never kept, whatever the floor
 
     def sure(self, floor: float) -> bool:
-        return self.avg_logprob >= floor and not self.looping
+        from conversations.providers.asr.faster_whisper import confident  # noqa: PLC0415 - after django.setup
+
+        return confident(self.decoded, self.avg_logprob, floor)
 
 
 @dataclass
@@ -151,8 +153,7 @@ def decode_all(sentences: tuple[str, ...], say: Callable[[str], bytes], windows:
             started = time.perf_counter()
             short = asr._decode_short(engine, model, audio, "en", window)
             elapsed = (time.perf_counter() - started) * 1000
-            looping = not fw.confident(short.text, 0.0)  # the ratio part of confident()
-            item.short[window] = Short(asr._answer(short), elapsed, short.avg_logprob, looping)
+            item.short[window] = Short(asr._answer(short), elapsed, short.text, short.avg_logprob)
         heard.append(item)
     return heard
 

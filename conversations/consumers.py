@@ -168,34 +168,28 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self._refuse_no_slot(bound=True)
             return
         try:
-            # On the device threads (kept connections), never queued behind sync views.
-            auth, prepared = await device_db(_authenticate_and_prepare)(self.scope, self.channel_name)
-            if auth.ok and auth.device is not None and prepared is None:  # unbound: its own share of slots
-                self._release_slot()
-                if not self._take_slot(bound=False):
-                    await self._refuse_no_slot(bound=False)
-                    return
-                prepared = await device_db(_prepare)(auth, self.scope, self.channel_name)
+            await self._authenticate_and_start()
         except Exception:  # e.g. the database or the channel layer is unreachable
             logger.exception("device session start failed")
             await self._refuse(CloseCode.INTERNAL_ERROR, "internal error")
-            return
-        if prepared is None or auth.device is None:  # the authentication said no
+
+    async def _authenticate_and_start(self) -> None:
+        # On the device threads (kept connections), never queued behind sync views.
+        auth, prepared = await device_db(_authenticate_and_prepare)(self.scope, self.channel_name)
+        if not auth.ok or auth.device is None:
             await self._refuse(auth.close_code or CloseCode.AUTH_FAILED, auth.reason or "refused")
             return
-        await self._start_prepared(auth.device, prepared)
-
-    async def _start_prepared(self, device: Device, prepared: Prepared) -> None:
+        if prepared is None:  # unbound: its own, smaller share of slots, then its set-up
+            self._release_slot()
+            if not self._take_slot(bound=False):
+                await self._refuse_no_slot(bound=False)
+                return
+            prepared = await device_db(_prepare)(auth, self.scope, self.channel_name)
         config, persona_id, previous = prepared
         self._claimed = config.session_id
-        try:
-            await self._start(device, config, persona_id)
-        except Exception:  # e.g. the channel layer is unreachable
-            logger.exception("device session start failed")
-            await self._refuse(CloseCode.INTERNAL_ERROR, "internal error")
-            return
+        await self._start(auth.device, config, persona_id)
         if previous and previous != self.channel_name:
-            await self._replace(previous, config.session_id)
+            await self._replace(previous, config.session_id)  # never raises: logs instead
 
     async def _refuse_no_slot(self, bound: bool) -> None:
         logger.warning("device connection refused: too many connections", extra={"bound": bound})

@@ -63,7 +63,9 @@ def create_xor_masker(mask: bytes, length: int | None = None) -> IntXorMasker:
 
 
 class LazyPformat:
-    """`pprint.pformat(value)` when (and only if) it is turned into text."""
+    """`pprint.pformat(value)` when (and only if) it is turned into text: autobahn.websocket.
+    protocol's `pformat`, only ever an argument of a debug line there, except in
+    `Timings.__str__`, which install() gives a real one."""
 
     __slots__ = ("value",)
 
@@ -75,12 +77,6 @@ class LazyPformat:
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
-
-
-def lazy_pformat(value: object) -> Any:
-    """autobahn.websocket.protocol's `pformat`: only ever an argument of a debug line there,
-    except in `Timings.__str__`, which install() gives a real one."""
-    return LazyPformat(value)
 
 
 def timings_text(self: Any) -> str:
@@ -148,7 +144,7 @@ def install() -> None:
     protocol.create_xor_masker = create_xor_masker  # type: ignore[assignment]
     WebSocketAdapterProtocol.dataReceived = data_received  # type: ignore[method-assign]
     protocol.Timings.__str__ = timings_text  # type: ignore[method-assign]
-    protocol.pformat = lazy_pformat  # type: ignore[assignment]  # a lazy value, formatted as text later
+    protocol.pformat = LazyPformat  # type: ignore[assignment]  # a lazy value, formatted as text later
 
 
 def installed() -> bool:
@@ -157,4 +153,4 @@ def installed() -> bool:
 
     reader = WebSocketAdapterProtocol.dataReceived
     return bool(protocol.create_xor_masker is create_xor_masker and reader is data_received
-                and protocol.pformat is lazy_pformat)
+                and protocol.pformat is LazyPformat)
