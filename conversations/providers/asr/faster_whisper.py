@@ -91,11 +91,12 @@ def keep_segment(text: str, no_speech_prob: float, avg_logprob: float) -> bool:
     return not (normalized in SILENCE_HALLUCINATIONS and no_speech_prob > NO_SPEECH_PROB)
 
 
-def confident(text: str, avg_logprob: float, floor: float = CONFIDENT_LOGPROB) -> bool:
+def confident(text: str, avg_logprob: float, floor: float | None = None) -> bool:
     """Whether the fast pass's answer stands without the 30 s pass (module docstring);
-    `floor` other than the default only to compare floors (bench/asr_accuracy.py)."""
+    `floor` instead of CONFIDENT_LOGPROB only to compare floors (bench/asr_accuracy.py)."""
     from faster_whisper.transcribe import get_compression_ratio  # noqa: PLC0415 - loaded with the model
 
+    floor = CONFIDENT_LOGPROB if floor is None else floor
     return avg_logprob >= floor and get_compression_ratio(text) <= MAX_COMPRESSION_RATIO
 
 
