@@ -6,8 +6,10 @@ packets of every device and the event loop stops answering pings (docs/performan
 "Overload"). Two signals, both per process (each worker admits for itself):
 
 - **Sessions streaming**: sessions whose microphone is open (state "listening"), plus the
-  sockets admitted since they were last counted (a device that connects is about to talk).
-  At `XIAOZHI_MAX_STREAMING_SESSIONS` (0: no limit) new devices are refused.
+  sockets admitted in the last `ARRIVING_SECONDS` that have not opened it yet (a device that
+  connects is about to talk: its authentication, hello and `listen start` take a moment, longer
+  under load, and a count that missed them let 10 % more devices in than the limit in the
+  overload benchmark). At `XIAOZHI_MAX_STREAMING_SESSIONS` (0: no limit) new devices are refused.
 - **Lag**: how late a 100 ms timer on the event loop fires, and how long an empty job waits
   in the hearing's CPU pool (conversations/pipeline/cpu_pool.py) behind the decode + VAD
   groups of every session: the larger of the two is the delay a new packet would see. When
@@ -23,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +36,7 @@ TICK_SECONDS = 0.1
 COUNT_EVERY_TICKS = 3  # sessions are counted every 0.3 s (O(sessions)); lag is sampled every tick
 RECOVER_SECONDS = 2.0
 OVER_SAMPLES = 3
+ARRIVING_SECONDS = 5.0  # an admitted socket holds its place this long before it must be listening
 
 
 @dataclass(frozen=True)
@@ -40,14 +45,25 @@ class Limits:
     max_lag_ms: float = 0.0  # 0: not watched
 
 
+class HoldsPlace(Protocol):
+    def holds_streaming_place(self, now: float, arriving_s: float) -> bool: ...
+
+
+def streaming_places(sockets: Iterable[HoldsPlace], now: float) -> int:
+    """How many of this process's device sockets count against the streaming limit: listening,
+    or admitted less than `ARRIVING_SECONDS` ago and not listening yet."""
+    return sum(1 for socket in sockets if socket.holds_streaming_place(now, ARRIVING_SECONDS))
+
+
 class Admission:
     """The decision for one process. `admit()` on every new device socket; the watcher (or a
     test) feeds it `observe_lag` and `observe_streaming`."""
 
-    def __init__(self, limits: Limits, count_streaming: Callable[[], int],
+    def __init__(self, limits: Limits, count_streaming: Callable[[], int] | None = None,
                  pool_probe: Callable[[], Awaitable[object]] | None = None) -> None:
         self.limits = limits
-        self._count_streaming = count_streaming
+        self._sockets: weakref.WeakSet[HoldsPlace] = weakref.WeakSet()  # admitted, still open or not yet collected
+        self._count_streaming = count_streaming or (lambda: streaming_places(self._sockets, _loop_time()))
         self._pool_probe = pool_probe
         self.streaming = 0  # at the last count
         self.admitted_since_count = 0
@@ -68,8 +84,9 @@ class Admission:
             return "server busy: overloaded"
         return None
 
-    def admit(self) -> str | None:
-        """Take a place for a new device socket; returns the refusal reason instead if full."""
+    def admit(self, socket: HoldsPlace | None = None) -> str | None:
+        """Take a place for a new device socket; returns the refusal reason instead if full.
+        The socket, once admitted, is counted until it says it holds no place."""
         self.ensure_watching()
         reason = self.refusal(_loop_time())
         if reason is not None:
@@ -80,6 +97,8 @@ class Admission:
                     "lag_ms": round(self.lag_ms, 1)})
             return reason
         self.admitted_since_count += 1
+        if socket is not None:
+            self._sockets.add(socket)
         return None
 
     def withdraw(self) -> None:
@@ -147,13 +166,11 @@ def admission() -> Admission:
         from django.conf import settings
 
         from conversations.pipeline.cpu_pool import CpuMill, shared_executor
-        from dashboard.live import REGISTRY
 
         limits = Limits(max_streaming=settings.XIAOZHI_MAX_STREAMING_SESSIONS,
                         max_lag_ms=settings.XIAOZHI_ADMISSION_MAX_LAG_MS)
         mill = CpuMill.for_executor(shared_executor())
-        _admission = Admission(limits, lambda: REGISTRY.counts().sessions.get("listening", 0),
-                               lambda: mill.run(_nothing))
+        _admission = Admission(limits, pool_probe=lambda: mill.run(_nothing))
     return _admission
 
 

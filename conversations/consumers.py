@@ -31,6 +31,7 @@ from conversations.pipeline.config import SessionConfig
 from conversations.pipeline.contracts import EngineContext, VoiceEngine
 from conversations.pipeline.engine import VoiceEngine as FullVoiceEngine
 from conversations.pipeline.session import VoiceSession
+from conversations.pipeline.states import SessionState
 from conversations.selectors import persona_for_device_cached, request_base_url, session_config_for
 from conversations.services import DbSessionHooks
 from dashboard.live import REGISTRY as LIVE_FIGURES
@@ -159,7 +160,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self._claimed: str | None = None  # session id written on the device row
         self._commands = TaskSet("device commands")
         self._admitted = False  # counted by admission as about to stream
-        busy = admission().admit()
+        self._admitted_at = asyncio.get_running_loop().time()
+        busy = admission().admit(self)
         if busy is not None:  # past capacity: the devices already here stay real time
             await self._refuse(CloseCode.TRY_AGAIN_LATER, busy)
             return
@@ -194,6 +196,15 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     async def _refuse_no_slot(self, bound: bool) -> None:
         logger.warning("device connection refused: too many connections", extra={"bound": bound})
         await self._refuse(CloseCode.TRY_AGAIN_LATER, "too many connections")
+
+    def holds_streaming_place(self, now: float, arriving_s: float) -> bool:
+        """Admission's count: listening, or admitted less than `arriving_s` ago and still on
+        its way to its first `listen start` (a refused socket holds none)."""
+        state = self.session.state if self.session is not None else None
+        if state is SessionState.LISTENING:
+            return True
+        arriving = state is None or state in (SessionState.CONNECTING, SessionState.IDLE)
+        return self._admitted and arriving and now - self._admitted_at < arriving_s
 
     def _take_slot(self, bound: bool) -> bool:
         cls = DeviceConsumer

@@ -153,3 +153,31 @@ async def test_a_handshake_refused_after_admission_leaves_its_place_to_the_next_
     assert await close_of(forged) == (CloseCode.AUTH_FAILED, "token invalid")
     await session_of(second, sockets)  # the forged socket's place was given back before the next count
 
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_device_admitted_but_not_listening_yet_holds_its_place_when_counted(
+        sockets: list, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.XIAOZHI_MAX_STREAMING_SESSIONS = 2
+    first, second, third = [await database_sync_to_async(BoundDeviceFactory)() for _ in range(3)]
+    talking = await session_of(first, sockets)  # hello answered, no `listen start` yet
+    gate = admission_module.admission()
+    gate._task.cancel()  # type: ignore[union-attr]  # the test does the counting: no race with the watcher
+    count = gate._count_streaming
+    gate.observe_streaming(count())
+    assert gate.streaming == 1  # counting only "listening" gave 0 here, and let a third device in
+    await session_of(second, sockets)
+    gate.observe_streaming(count())
+    assert gate.streaming == 2
+    refused = await open_socket(sockets, headers_for(third))
+    assert await close_of(refused) == (CloseCode.TRY_AGAIN_LATER, "server busy: streaming capacity reached")
+
+    await talking.send_to(text_data='{"session_id":"","type":"listen","state":"start","mode":"auto"}')
+    monkeypatch.setattr(admission_module, "ARRIVING_SECONDS", 0.0)  # the arrivals' grace is over
+    for _ in range(100):  # the `listen start` is handled on the consumer's own task
+        if count() == 1:
+            break
+        await asyncio.sleep(0.01)
+    gate.observe_streaming(count())
+    assert gate.streaming == 1  # the listening device; the one that never listened gave its place back
+    await session_of(third, sockets)
