@@ -69,6 +69,13 @@ def speech_executor() -> ThreadPoolExecutor:
     return _pool("voice-speak")
 
 
+def first_words_executor() -> ThreadPoolExecutor:
+    """A pool for a reply's first frames only: they must not queue behind the later frames of
+    the replies already speaking either (P1 with 200 devices talking: the speaking pool's
+    threads were as busy as the hearing's, and a first slice waited its turn behind them)."""
+    return _pool("voice-first-words")
+
+
 class BatchRunner(Protocol, Generic[J]):
     """Runs many jobs of one kind in one call (in a pool thread), so they can share work
     such as model runs. Runners that compare equal share a call. Returns one (value, error)

@@ -23,7 +23,7 @@ from conversations.pipeline import fallback, phrases
 from conversations.pipeline.aio import TaskSet, cancel_and_wait
 from conversations.pipeline.config import SessionConfig
 from conversations.pipeline.contracts import EngineContext
-from conversations.pipeline.cpu_pool import CpuMill, shared_executor, speech_executor
+from conversations.pipeline.cpu_pool import CpuMill, first_words_executor, shared_executor, speech_executor
 from conversations.pipeline.fallback import Chains
 from conversations.pipeline.listen import (
     POST_WAKE_MUTE_S,
@@ -128,7 +128,8 @@ class VoiceEngine:
             model=config.model, tool_state=ctx.tool_state, clock=self._clock.now,
             first_token_timeout=config.llm_first_token_timeout, inter_token_timeout=config.llm_inter_token_timeout,
         )
-        self._runner = TurnRunner(ctx, self._chains, thinker, speak_pool or speech_executor(), self._clock)
+        self._runner = TurnRunner(ctx, self._chains, thinker, speak_pool or speech_executor(), self._clock,
+                                  first_words=speak_pool or first_words_executor())
         self._reply: ReplyHandle | None = None
         self._speculation: asyncio.Task[Speculation | None] | None = None
         self._greeting_go: asyncio.Event | None = None

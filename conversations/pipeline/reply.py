@@ -151,9 +151,11 @@ class TurnRunner:
     the session's hooks (which only enqueue it), never awaited on the audio path.
     """
 
-    def __init__(self, ctx: EngineContext, chains: Chains, thinker: Thinker, executor: Executor, clock: Clock) -> None:
+    def __init__(self, ctx: EngineContext, chains: Chains, thinker: Thinker, executor: Executor, clock: Clock,
+                 first_words: Executor | None = None) -> None:
         self._ctx, self._chains, self._thinker = ctx, chains, thinker
         self._executor, self._clock = executor, clock
+        self._first_words = first_words or executor  # a reply's first frames (speak.py)
         self._persona = ctx.config.persona
         self._exit_phrases = {normalize_phrase(p) for p in self._persona.exit_phrases if normalize_phrase(p)}
 
@@ -349,6 +351,7 @@ class TurnRunner:
         return SpeechStream(
             tts=chain,
             executor=self._executor,
+            first_words=self._first_words,
             send=reply.guard_send(self._ctx.send),
             send_audio=reply.guard_audio(self._ctx.send_audio),
             sample_rate=self._ctx.config.downlink_sample_rate,

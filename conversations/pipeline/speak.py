@@ -154,6 +154,8 @@ class SpeechStream:
 
     `send`/`send_audio` should be the reply's guarded senders; `not_before` is the earliest
     loop time for the first frame (`tts start` + a few ms); `attempts` gets every TTS call.
+    The reply's first encode job runs on `first_words` (default: `executor`), so a reply's
+    first frames never wait behind the later frames of the replies already speaking.
     """
 
     def __init__(
@@ -161,6 +163,7 @@ class SpeechStream:
         *,
         tts: ProviderChain,
         executor: Executor,
+        first_words: Executor | None = None,
         send: SendMessage,
         send_audio: SendAudio,
         sample_rate: int,
@@ -172,6 +175,7 @@ class SpeechStream:
         attempts: AttemptLog | None = None,
     ) -> None:
         self._tts, self._executor = tts, executor
+        self._first_words = first_words or executor
         self._attempts = attempts
         self._send, self._send_audio = send, send_audio
         self._voice, self._language = voice, language
@@ -234,9 +238,12 @@ class SpeechStream:
         sentence = _Sentence(text, kind)
         try:
             async for chunk in chunks:
-                if self.stats.first_audio_at is None:
+                executor = self._executor
+                if self.stats.first_audio_at is None:  # the reply's first words: their own pool
                     self.stats.first_audio_at = self._clock.now()
-                frames = await self._run(self._encoder.feed, chunk.pcm, chunk.sample_rate, FIRST_SLICE_FRAMES)
+                    executor = self._first_words
+                frames = await self._run(self._encoder.feed, chunk.pcm, chunk.sample_rate, FIRST_SLICE_FRAMES,
+                                         executor=executor)
                 await self._queue_frames(sentence, frames)
                 while self._encoder.has_full_frame:
                     await self._queue_frames(sentence, await self._run(self._encoder.take, SLICE_FRAMES))
@@ -258,8 +265,10 @@ class SpeechStream:
         for frame in frames:
             await self._frames.put(frame)
 
-    async def _run(self, func: Callable[..., list[bytes]], *args: object) -> list[bytes]:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, func, *args)
+    async def _run(
+        self, func: Callable[..., list[bytes]], *args: object, executor: Executor | None = None,
+    ) -> list[bytes]:
+        return await asyncio.get_running_loop().run_in_executor(executor or self._executor, func, *args)
 
     # -- pacer -----------------------------------------------------------------------------
 

@@ -230,6 +230,37 @@ async def test_audio_is_resampled_and_cut_into_decodable_60_ms_frames(executor: 
     assert all(len(decoder.decode(p)) == 1440 * 2 for p in packets)
 
 
+class CountingPool(ThreadPoolExecutor):
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.jobs = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.jobs += 1
+        return super().submit(*args, **kwargs)
+
+
+async def test_a_replys_first_frames_are_encoded_in_the_first_words_pool_and_the_rest_in_the_other() -> None:
+    clock = VirtualClock()
+    wire = Wire(clock)
+    first, rest = CountingPool(), CountingPool()
+    try:
+        speech = stream(rest, wire, clock, chain(ChunkedTTS()), first_words=first)
+        speech.push("Resample me.")
+        speech.push("And me.")
+        speech.end_input()
+        await speech.wait_for_playout()
+    finally:
+        first.shutdown()
+        rest.shutdown()
+    assert first.jobs == 1  # the reply's first slice only, never another sentence's or chunk's
+    assert rest.jobs > 10
+    packets = [p for _, kind, p in wire.events if kind == "audio"]
+    assert len(packets) == 34  # both sentences whole, in order
+    decoder = OpusDecoder(24000)
+    assert all(len(decoder.decode(p)) == 1440 * 2 for p in packets)
+
+
 async def test_real_time_pacing_on_the_loop_clock(executor: Any) -> None:
     """Real time is inherent here: tolerances cover scheduler jitter only."""
     wire = Wire(None)
