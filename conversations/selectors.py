@@ -131,6 +131,7 @@ def session_config_for(
         providers=env_options,
         llm_model=settings.LLM_MODEL,
         downlink_sample_rate=int(settings.XIAOZHI_DOWNLINK_SAMPLE_RATE),
+        downlink_opus_complexity=settings.XIAOZHI_OPUS_COMPLEXITY,
         hello_timeout=settings.XIAOZHI_HELLO_TIMEOUT_SECONDS,
         idle_timeout=settings.XIAOZHI_IDLE_TIMEOUT_SECONDS,
         hard_timeout=settings.XIAOZHI_HARD_TIMEOUT_SECONDS,

@@ -39,7 +39,7 @@ from conversations.pipeline import fallback
 from conversations.pipeline.config import DeviceInfo, SessionConfig
 from conversations.pipeline.cpu_pool import speech_executor
 from conversations.pipeline.fallback import ProviderChain, build_chain
-from conversations.pipeline.speak import FrameEncoder
+from conversations.pipeline.speak import ENCODER_COMPLEXITY, FrameEncoder
 from conversations.pipeline.text import SentenceSplitter, clean_for_speech, is_speakable, split_emotion
 from conversations.pipeline.think import Thinker
 from conversations.pipeline.toolset import build_toolset
@@ -155,6 +155,7 @@ def session_config(persona: Persona) -> SessionConfig:
     return SessionConfig(
         session_id=f"try-{uuid.uuid4()}", device=device, persona=persona_cfg, providers=provider_settings(),
         llm_model=settings.LLM_MODEL, downlink_sample_rate=int(settings.XIAOZHI_DOWNLINK_SAMPLE_RATE),
+        downlink_opus_complexity=settings.XIAOZHI_OPUS_COMPLEXITY,
         server_tool_timeout=settings.TOOLS_SERVER_TIMEOUT, llm_first_token_timeout=settings.LLM_FIRST_TOKEN_TIMEOUT,
         llm_inter_token_timeout=settings.LLM_INTER_TOKEN_TIMEOUT, weather_base_url=settings.WEATHER_BASE_URL,
         geocoding_url=settings.WEATHER_GEOCODING_URL,
@@ -183,7 +184,7 @@ async def run(config: SessionConfig, message: str, history: list[tuple[str, str]
         emotion, text = split_emotion(thought.reply_text.strip())
         result = Reply(text=text.strip(), emotion=emotion, thought=thought)
         await speak(result, tts, voice=persona.voice, language=state.language or persona.language,
-                    rate=config.downlink_sample_rate)
+                    rate=config.downlink_sample_rate, complexity=config.downlink_opus_complexity)
         return result
     finally:
         await llm.aclose()
@@ -195,14 +196,15 @@ def _chains(config: SessionConfig) -> tuple[ProviderChain, ProviderChain]:
     return build_chain("llm", persona.llm, config.providers), build_chain("tts", persona.tts, config.providers)
 
 
-async def speak(result: Reply, tts: ProviderChain, *, voice: str, language: str, rate: int) -> None:
+async def speak(result: Reply, tts: ProviderChain, *, voice: str, language: str, rate: int,
+                complexity: int = ENCODER_COMPLEXITY) -> None:
     """The reply as the device would hear it, into `result.audio` (Ogg/Opus); a TTS failure
     leaves the text standing and says why in `audio_error`."""
     spoken = result.text[:MAX_SPOKEN_CHARS]
     result.spoken_in_part = len(spoken) < len(result.text)
     splitter = SentenceSplitter(first_clause=False)
     sentences = [clean_for_speech(s) for s in [*splitter.push(spoken), *splitter.flush()]]
-    encoder = FrameEncoder(rate)
+    encoder = FrameEncoder(rate, complexity)
     packets: list[bytes] = []
     loop = asyncio.get_running_loop()
     try:

@@ -304,6 +304,10 @@ XIAOZHI_WS_ALLOWED_MACS = [mac.lower() for mac in envlist("XIAOZHI_WS_ALLOWED_MA
 XIAOZHI_DOWNLINK_SAMPLE_RATE = envchoice(
     "XIAOZHI_DOWNLINK_SAMPLE_RATE", "24000", ("8000", "12000", "16000", "24000", "48000")
 )
+# Opus encoder complexity of the downlink (0-10): 5 costs ~360-540 us per 60 ms frame on a
+# 2-core box, 1 about half, 10 about twice (docs/performance.md, session 25). Lower it to speak to
+# more devices at once on small machines.
+XIAOZHI_OPUS_COMPLEXITY = envint("XIAOZHI_OPUS_COMPLEXITY", 5, minimum=0, maximum=10)
 XIAOZHI_HELLO_TIMEOUT_SECONDS = envfloat("XIAOZHI_HELLO_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 XIAOZHI_MAX_TEXT_BYTES = envint("XIAOZHI_MAX_TEXT_BYTES", 64 * 1024, minimum=256)
 XIAOZHI_MAX_BINARY_BYTES = envint("XIAOZHI_MAX_BINARY_BYTES", 4096, minimum=64)

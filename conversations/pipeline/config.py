@@ -97,6 +97,7 @@ class SessionConfig:
     aec: str = "webrtc"  # server-side echo canceller for `features.aec` devices ("": none)
     llm_model: str = ""  # LLM_MODEL; the persona's own wins (`persona_llm_model`)
     downlink_sample_rate: int = 24000
+    downlink_opus_complexity: int = 5  # XIAOZHI_OPUS_COMPLEXITY: the reply encoder's CPU against quality
     hello_timeout: float = 10.0
     idle_timeout: float = 120.0
     hard_timeout: float = 180.0

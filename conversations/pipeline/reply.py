@@ -355,6 +355,7 @@ class TurnRunner:
             send=reply.guard_send(self._ctx.send),
             send_audio=reply.guard_audio(self._ctx.send_audio),
             sample_rate=self._ctx.config.downlink_sample_rate,
+            complexity=self._ctx.config.downlink_opus_complexity,
             voice=self._persona.voice,
             language=self._language(),
             not_before=not_before,

@@ -72,8 +72,9 @@ class FrameEncoder:
     by one reply only (a fresh encoder per reply: an interrupted reply's encode job may
     still be running in a worker thread, and libopus state is not thread-safe)."""
 
-    def __init__(self, sample_rate: int) -> None:
+    def __init__(self, sample_rate: int, complexity: int = ENCODER_COMPLEXITY) -> None:
         self.sample_rate = sample_rate
+        self.complexity = complexity
         self._encoder: OpusEncoder | None = None
         self._pending = bytearray()
 
@@ -106,10 +107,10 @@ class FrameEncoder:
 
     def _get_encoder(self) -> OpusEncoder:
         if self._encoder is None:
-            # VoIP mode at complexity 5: 360 us per 24 kHz frame instead of 615 us at the
-            # default 10 (measured on the 2-core box), for speech that decodes the same to
+            # VoIP mode at complexity 5 (the default): 360 us per 24 kHz frame instead of 615 us
+            # at libopus's 10 (measured on the 2-core box), for speech that decodes the same to
             # the ear; 78's reference server uses VoIP mode too.
-            self._encoder = OpusEncoder(self.sample_rate, FRAME_MS, application="voip", complexity=ENCODER_COMPLEXITY)
+            self._encoder = OpusEncoder(self.sample_rate, FRAME_MS, application="voip", complexity=self.complexity)
         return self._encoder
 
 
@@ -167,6 +168,7 @@ class SpeechStream:
         send: SendMessage,
         send_audio: SendAudio,
         sample_rate: int,
+        complexity: int = ENCODER_COMPLEXITY,
         voice: str,
         language: str,
         not_before: float = 0.0,
@@ -182,7 +184,7 @@ class SpeechStream:
         self._clock = clock or LoopClock()
         self._not_before = not_before
         self._on_sentence = on_sentence
-        self._encoder = FrameEncoder(sample_rate)
+        self._encoder = FrameEncoder(sample_rate, complexity)
         self._sentences: asyncio.Queue[tuple[str, ProviderChain] | None] = asyncio.Queue()
         self._frames: asyncio.Queue[_Item] = asyncio.Queue(QUEUE_FRAMES)
         self._playout_end: float | None = None

@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from conversations.models import Persona
+from conversations.pipeline.config import SessionConfig
+from conversations.pipeline.speak import ENCODER_COMPLEXITY
 from conversations.selectors import session_config_for
 from devices.auth import DeviceAuthResult
 from devices.models import Device
@@ -37,3 +39,10 @@ def test_the_bounded_waits_come_from_settings(settings: Any) -> None:
     settings.XIAOZHI_FILLER_SECONDS = 0.0
     config = config_for(Persona.objects.create(name="P"))
     assert (config.llm_first_token_timeout, config.llm_inter_token_timeout, config.filler_after) == (7.5, 4.0, 0.0)
+
+
+def test_the_downlink_encoder_complexity_comes_from_settings(settings: Any) -> None:
+    default = SessionConfig.__dataclass_fields__["downlink_opus_complexity"].default
+    assert settings.XIAOZHI_OPUS_COMPLEXITY == default == ENCODER_COMPLEXITY  # one default everywhere
+    settings.XIAOZHI_OPUS_COMPLEXITY = 1
+    assert config_for(Persona.objects.create(name="P")).downlink_opus_complexity == 1

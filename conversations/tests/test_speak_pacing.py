@@ -261,6 +261,20 @@ async def test_a_replys_first_frames_are_encoded_in_the_first_words_pool_and_the
     assert all(len(decoder.decode(p)) == 1440 * 2 for p in packets)
 
 
+@pytest.mark.parametrize("complexity", [0, 5, 10])
+async def test_replies_are_encoded_at_the_configured_complexity(executor: Any, complexity: int) -> None:
+    clock = VirtualClock()
+    wire = Wire(clock)
+    speech = stream(executor, wire, clock, chain(ChunkedTTS()), complexity=complexity)
+    speech.push("Resample me.")
+    speech.end_input()
+    await speech.wait_for_playout()
+    assert speech._encoder._get_encoder()._encoder.complexity == complexity  # as libopus reports it
+    packets = [p for _, kind, p in wire.events if kind == "audio"]
+    decoder = OpusDecoder(24000)
+    assert len(packets) == 17 and all(len(decoder.decode(p)) == 1440 * 2 for p in packets)
+
+
 async def test_real_time_pacing_on_the_loop_clock(executor: Any) -> None:
     """Real time is inherent here: tolerances cover scheduler jitter only."""
     wire = Wire(None)
