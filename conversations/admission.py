@@ -97,7 +97,7 @@ class Admission:
                     "lag_ms": round(self.lag_ms, 1)})
             return reason
         self.admitted_since_count += 1
-        if socket is not None:
+        if socket is not None and self.limits.max_streaming:  # only a streaming limit counts them
             self._sockets.add(socket)
         return None
 

@@ -203,7 +203,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         state = self.session.state if self.session is not None else None
         if state is SessionState.LISTENING:
             return True
-        arriving = state is None or state in (SessionState.CONNECTING, SessionState.IDLE)
+        arriving = state in (None, SessionState.CONNECTING, SessionState.IDLE)
         return self._admitted and arriving and now - self._admitted_at < arriving_s
 
     def _take_slot(self, bound: bool) -> bool:
