@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conversations.pipeline.endpointing import SPEECH_STARTED, SPEECH_STOPPED, VADDetector, VADEvent
 from conversations.providers import registry
-from conversations.providers.base import VAD
+from conversations.providers.base import VAD, ProviderError
+from conversations.providers.turn.smart_turn import SmartTurn
 from conversations.providers.vad.silero import SileroStream, SileroVAD
 from devices.protocol.opus import OpusDecoder
 from testing.speech import opus_packets, speak, with_silence
@@ -114,12 +117,64 @@ def test_the_vad_is_registered_and_shared_per_process() -> None:
     assert registry.shared("vad", "silero", path=str(vad.path)) is not vad  # other options: its own
 
 
-def test_each_thread_loads_the_model_once() -> None:
+def test_the_weights_load_once_per_vad_and_are_shared_by_every_thread() -> None:
     vad = SileroVAD()
     vad.stream().probabilities(bytes(3200))
-    first = vad._session()
-    vad.stream().probabilities(bytes(3200))
-    assert vad._session() is first
+    first = vad.network()
+    with ThreadPoolExecutor(2) as pool:
+        seen = set(pool.map(lambda _: id(vad.network()), range(4)))
+    assert seen == {id(first)}
+
+
+def test_a_file_that_is_not_the_silero_model_is_a_provider_error(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a model at all")
+    other = tmp_path / "other.onnx"  # a real ONNX file, but not Silero's: Smart Turn's
+    other.write_bytes(SmartTurn().path.read_bytes())
+    for path in (garbage, other, tmp_path / "missing.onnx"):
+        with pytest.raises(ProviderError, match="cannot load Silero VAD model"):
+            SileroVAD(path=path).stream().probabilities(bytes(3200))
+
+
+def onnxruntime_reference(vad: SileroVAD, clips: list[np.ndarray]) -> list[list[float]]:
+    """Silero's own graph through onnxruntime, the same file, a window at a time per clip."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(vad.path), providers=["CPUExecutionProvider"])
+    out = []
+    for clip in clips:
+        state = np.zeros((2, 1, 128), dtype=np.float32)
+        context = np.zeros(64, dtype=np.float32)
+        probs = []
+        for start in range(0, len(clip) - 511, 512):
+            window = np.concatenate([context, clip[start : start + 512]])[None, :]
+            prob, state = session.run(None, {"input": window, "state": state, "sr": np.array(16000)})
+            context = window[0, -64:]
+            probs.append(float(prob[0, 0]))
+        out.append(probs)
+    return out
+
+
+def test_the_numpy_network_gives_onnxruntimes_probabilities_on_the_same_file(utterance: bytes) -> None:
+    """Speech, room noise and a loud tone, three sessions in the same calls, 60 ms packets."""
+    rng = np.random.default_rng(11)
+    speech = np.frombuffer(utterance, dtype="<i2")
+    noise = (rng.standard_normal(len(speech)) * 900).astype("<i2")
+    tone = (np.sin(np.arange(len(speech)) * 2 * np.pi * 440 / 16000) * 20000).astype("<i2")
+    clips = [speech, noise, tone]
+    vad = SileroVAD()
+    vad.SILENCE_PEAK = 0.0  # the model itself, without the silence gate
+    streams = [vad.stream() for _ in clips]
+    got: list[list[float]] = [[] for _ in clips]
+    for start in range(0, len(speech), 960):
+        work = [(s, c[start : start + 960].tobytes()) for s, c in zip(streams, clips, strict=True)]
+        for out, probs in zip(got, vad.probabilities(work), strict=True):
+            out.extend(probs)
+    want = onnxruntime_reference(vad, [c.astype(np.float32) / 32768.0 for c in clips])
+    for have, expected in zip(got, want, strict=True):
+        assert len(have) == len(expected) == len(speech) // 512
+        assert np.allclose(have, expected, atol=1e-5)
+    assert max(want[0]) > 0.9 and max(want[1]) < 0.5  # the clips test both ends of the scale
 
 
 def test_speech_from_device_packets_starts_and_stops_at_plausible_times(utterance: bytes) -> None:
@@ -145,6 +200,34 @@ def test_chunking_does_not_change_the_probabilities(utterance: bytes) -> None:
     ]
     assert len(chunked) == len(whole) == len(utterance) // 2 // 512
     assert np.allclose(chunked, whole, atol=1e-5)
+
+
+def test_settled_digital_silence_skips_the_lstm_and_speech_after_it_is_still_heard(utterance: bytes) -> None:
+    vad = SileroVAD()
+    stepped: list[int] = []
+    counting = _Counting(SileroVAD.network(vad), stepped)
+    vad.network = lambda: counting  # type: ignore[method-assign,assignment,return-value]
+    twice = utterance + utterance  # zeros, speech, zeros, zeros, speech, zeros
+    stream = vad.stream()
+    probs = [p for i in range(0, len(twice), 1920) for p in stream.probabilities(twice[i : i + 1920])]
+    assert len(probs) == len(twice) // 2 // 512
+    assert sum(stepped) < len(probs) * 0.6  # the silences past the first windows cost no step
+    gated = [i for i, p in enumerate(probs) if p == 0.0]
+    assert gated and all(p < 0.5 for p in probs[: gated[0]])
+    half = len(probs) // 2
+    assert max(probs[:half]) > 0.9 and max(probs[half:]) > 0.9  # both utterances heard
+
+
+class _Counting:
+    def __init__(self, network: object, stepped: list[int]) -> None:
+        self._network, self._stepped = network, stepped
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._network, name)
+
+    def step(self, projected: np.ndarray, states: np.ndarray) -> object:
+        self._stepped.append(len(projected))
+        return self._network.step(projected, states)  # type: ignore[attr-defined]
 
 
 def test_reset_restarts_the_recurrent_state(utterance: bytes) -> None:
