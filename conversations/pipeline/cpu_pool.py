@@ -4,7 +4,7 @@ Opus and VAD work of every session runs in one small thread pool (as many thread
 cores), never on the event loop; speaking has a pool of its own. Two measured costs shape
 this module (2-core reference box): handing a job to a pool thread costs ~30-90 us of loop
 and thread time, as much as decoding a packet; and a model run is far cheaper per item when
-many items share it (Silero: ~105 us for one window alone, ~45 us per window at 16-32). So
+many items share it (Silero: ~200 us for one window alone, ~20-35 us per window at 16-32). So
 `CpuMill` hands over the pending jobs of many sessions as one pool job, and jobs submitted
 with a `BatchRunner` (the hearing's: decode + VAD + endpointing) are given to that runner
 together, in one call. With 200 sessions streaming real-time speech, decode + VAD p99 went
@@ -119,7 +119,7 @@ class CpuMill:
     _by_executor: weakref.WeakKeyDictionary[Executor, CpuMill] = weakref.WeakKeyDictionary()
 
     # Under load (the last group had `busy_group` jobs or more) a group waits up to
-    # `gather_s` for `full_group` jobs: Silero costs ~115 us for a window alone and ~60 us per
+    # `gather_s` for `full_group` jobs: Silero costs ~200 us for a window alone and ~35 us per
     # window in runs of 16, and under load the mill otherwise starts whatever is pending the
     # moment a thread frees up (a few jobs). P2 at 250 devices, two workers (issue 17):
     # p99 213-283 ms -> 36 ms, 415 -> 355 us of server CPU per frame. A lone job (a quiet
