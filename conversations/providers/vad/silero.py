@@ -39,6 +39,7 @@ SAMPLE_RATE = 16000
 WINDOW_SAMPLES = 512  # what the 16 kHz model expects (32 ms)
 CONTEXT_SAMPLES = 64  # tail of the previous window prepended to each input, as silero does
 WINDOW_MS = WINDOW_SAMPLES * 1000 / SAMPLE_RATE
+_WINDOW_BYTES = 2 * WINDOW_SAMPLES
 MODEL_FILE = "silero_vad_16k_op15.onnx"  # the 16 kHz export: its weights are plain initializers
 _HOP = 128  # the STFT's hop; its frame is two hops (256 samples)
 _REFLECT = 64  # the STFT pads the right edge by reflection
@@ -67,18 +68,17 @@ class SileroStream:
         """Forget the audio so far (new `listen start`)."""
         self.state = np.zeros((2, _HIDDEN), dtype=np.float32)  # the LSTM's h and c
         self.context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
-        self.leftover = np.zeros(0, dtype=np.float32)
+        self.leftover = b""
         self.last = 1.0  # last probability the model gave
 
     def windows(self, pcm16k: bytes) -> np.ndarray:
-        """The complete windows in `pcm16k` (plus earlier leftover), shape (n, 512)."""
+        """The complete windows in `pcm16k` (plus earlier leftover), s16, shape (n, 512)."""
         if len(pcm16k) % 2:
             raise ValueError(f"PCM length {len(pcm16k)} is not a whole number of s16 samples")
-        fresh = np.frombuffer(pcm16k, dtype="<i2").astype(np.float32) / 32768.0
-        samples = np.concatenate([self.leftover, fresh]) if self.leftover.size else fresh
-        count = samples.size // WINDOW_SAMPLES
-        self.leftover = samples[count * WINDOW_SAMPLES :]
-        return samples[: count * WINDOW_SAMPLES].reshape(count, WINDOW_SAMPLES)
+        samples = self.leftover + pcm16k if self.leftover else bytes(pcm16k)  # (no copy of bytes)
+        count = len(samples) // _WINDOW_BYTES
+        self.leftover = samples[count * _WINDOW_BYTES :]
+        return np.frombuffer(samples, dtype="<i2", count=count * WINDOW_SAMPLES).reshape(count, WINDOW_SAMPLES)
 
     def probabilities(self, pcm16k: bytes) -> list[float]:
         """This stream alone: a probability per complete window (blocking)."""
@@ -197,7 +197,8 @@ class SileroVAD:
         probs: list[list[float]] = [[] for _ in work]
         if not any(counts):
             return probs
-        windows = np.concatenate(found)
+        windows = np.concatenate(found).astype(np.float32)
+        windows *= 1 / 32768  # full scale is 1.0, as the model was trained
         quiet = (np.abs(windows).max(axis=1) < self.SILENCE_PEAK).tolist()
         inputs = np.empty((len(windows), CONTEXT_SAMPLES + WINDOW_SAMPLES), dtype=np.float32)
         inputs[:, CONTEXT_SAMPLES:] = windows
