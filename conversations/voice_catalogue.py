@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
 
 from conversations.providers.tts.voices import EDGE_VOICES, Voice
+from xiaozhi_site.shared_cache import shared_cache
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +35,11 @@ def cache_file() -> Path:
 
 async def edge_voices() -> list[Voice]:
     """The cached list (cache, else the file), else the built-in defaults and a fetch queued."""
-    stored = cache.get(CACHE_KEY)
+    stored = shared_cache().get(CACHE_KEY)
     if stored is None:
         stored = await asyncio.to_thread(_read_file)
         if stored is not None:
-            cache.set(CACHE_KEY, stored, CACHE_SECONDS)
+            shared_cache().set(CACHE_KEY, stored, CACHE_SECONDS)
     if stored is None:
         await asyncio.to_thread(_queue_refresh)
         return [Voice(name, name.rsplit("-", 1)[0], _short_label(name)) for name in EDGE_VOICES.values()]
@@ -57,7 +57,7 @@ def edge_voices_refresh() -> dict[str, Any]:
                        extra={"error": f"{type(exc).__name__}: {str(exc)[:200]}", "kept": kept})
         return {"ok": False, "count": kept}
     _write_file(entries)
-    cache.set(CACHE_KEY, entries, CACHE_SECONDS)
+    shared_cache().set(CACHE_KEY, entries, CACHE_SECONDS)
     return {"ok": True, "count": len(entries)}
 
 
@@ -120,7 +120,7 @@ def _write_file(entries: list[dict[str, Any]]) -> None:
 
 
 def _stored_count() -> int:
-    stored = cache.get(CACHE_KEY) or _read_file() or []
+    stored = shared_cache().get(CACHE_KEY) or _read_file() or []
     return len(stored)
 
 

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.core.cache import cache
+
+from xiaozhi_site.shared_cache import shared_cache
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +80,11 @@ def new_device_limit() -> RateLimit:
 def _count(key: str, window_seconds: int) -> int:
     # add() is a no-op when the key exists; the timeout outlives the window so incr() never
     # races an expiry inside it.
-    cache.add(key, 0, timeout=window_seconds * 2)
+    shared_cache().add(key, 0, timeout=window_seconds * 2)
     try:
-        return cache.incr(key)
+        return shared_cache().incr(key)
     except ValueError:  # evicted between add() and incr()
-        cache.add(key, 1, timeout=window_seconds * 2)
+        shared_cache().add(key, 1, timeout=window_seconds * 2)
         return 1
 
 
