@@ -1,16 +1,20 @@
 """Fixed-window attempt counters in Django's cache, per client address and global.
 
 Fixed windows (not sliding) because `cache.add` + `cache.incr` are atomic on every shared
-backend (Redis, memcached) and cost one round trip each; a burst at a window edge can reach
+backend (Redis, memcached), and on Redis both go in one round trip (every OTA check-in
+counts); a burst at a window edge can reach
 twice the limit, which is fine for the purpose (making a 10^6 code space slow to guess).
 The cache must be shared by every web process (settings: Redis when REDIS_URL is set).
 """
 from __future__ import annotations
 
+import functools
 import logging
+import re
 import time
 from dataclasses import dataclass
 
+import redis
 from django.conf import settings
 
 from xiaozhi_site.shared_cache import shared_cache
@@ -78,14 +82,37 @@ def new_device_limit() -> RateLimit:
 
 
 def _count(key: str, window_seconds: int) -> int:
-    # add() is a no-op when the key exists; the timeout outlives the window so incr() never
-    # races an expiry inside it.
-    shared_cache().add(key, 0, timeout=window_seconds * 2)
+    # The key's timeout outlives the window, so the count never races an expiry inside it.
+    cache = shared_cache()
+    timeout = window_seconds * 2
+    server = _redis()
+    if server is not None:
+        # add + incr in one round trip, not three (Django's incr is EXISTS, then INCRBY); the
+        # same key and encoding as the cache's own (Django stores an int as its digits)
+        full = cache.make_and_validate_key(key)
+        pipe = server.pipeline(transaction=False)
+        pipe.set(full, 0, ex=timeout, nx=True)
+        pipe.incr(full)
+        _, count = pipe.execute()
+        return int(count)
+    cache.add(key, 0, timeout=timeout)  # a no-op when the key exists
     try:
-        return shared_cache().incr(key)
+        return cache.incr(key)
     except ValueError:  # evicted between add() and incr()
-        shared_cache().add(key, 1, timeout=window_seconds * 2)
+        cache.add(key, 1, timeout=timeout)
         return 1
+
+
+@functools.cache
+def _redis() -> redis.Redis | None:
+    """The cache's Redis server itself (its first, the one Django writes to), when the cache
+    is Redis: one client per process, as the cache's."""
+    config = settings.CACHES["default"]
+    if not config["BACKEND"].endswith(".RedisCache"):
+        return None
+    location = config["LOCATION"]
+    servers = location if isinstance(location, list | tuple) else re.split("[;,]", location)
+    return redis.Redis.from_url(servers[0])
 
 
 def rate_limit_hit(*, limit: RateLimit, address: str, now: float | None = None) -> RateDecision:
