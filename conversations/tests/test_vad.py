@@ -245,3 +245,19 @@ def test_silence_and_low_level_noise_are_not_speech() -> None:
         probs = silero_stream().probabilities(audio)
         assert max(probs) < 0.5
         assert VADDetector().feed(probs) == []
+
+
+@pytest.mark.filterwarnings("error")  # an overflow in the network's exp/sqrt would be a warning
+def test_full_scale_hostile_audio_gives_finite_probabilities_without_warnings() -> None:
+    rng = np.random.default_rng(5)
+    t = np.arange(16000 * 2)
+    loud = {
+        "square": np.sign(np.sin(t * 2 * np.pi * 300 / 16000)) * 32767,
+        "noise": rng.integers(-32768, 32768, t.size),
+        "dc": np.full(t.size, -32768),
+        "clicks": np.where(t % 97 == 0, 32767, 0),
+    }
+    for name, samples in loud.items():
+        probs = silero_stream().probabilities(samples.astype("<i2").tobytes())
+        assert len(probs) == t.size // 512, name
+        assert all(0.0 <= p <= 1.0 for p in probs), name
