@@ -2,15 +2,14 @@
 
 Fixed windows (not sliding) because `cache.add` + `cache.incr` are atomic on every shared
 backend (Redis, memcached), and on Redis both go in one round trip (every OTA check-in
-counts); a burst at a window edge can reach
-twice the limit, which is fine for the purpose (making a 10^6 code space slow to guess).
+counts); a burst at a window edge can reach twice the limit, which is fine for the purpose
+(making a 10^6 code space slow to guess).
 The cache must be shared by every web process (settings: Redis when REDIS_URL is set).
 """
 from __future__ import annotations
 
 import functools
 import logging
-import re
 import time
 from dataclasses import dataclass
 
@@ -105,14 +104,12 @@ def _count(key: str, window_seconds: int) -> int:
 
 @functools.cache
 def _redis() -> redis.Redis | None:
-    """The cache's Redis server itself (its first, the one Django writes to), when the cache
-    is Redis: one client per process, as the cache's."""
+    """The cache's Redis server itself when the cache is Redis (settings: `REDIS_URL`, one
+    server): one client per process, as the cache's."""
     config = settings.CACHES["default"]
     if not config["BACKEND"].endswith(".RedisCache"):
         return None
-    location = config["LOCATION"]
-    servers = location if isinstance(location, list | tuple) else re.split("[;,]", location)
-    return redis.Redis.from_url(servers[0])
+    return redis.Redis.from_url(config["LOCATION"])
 
 
 def rate_limit_hit(*, limit: RateLimit, address: str, now: float | None = None) -> RateDecision:

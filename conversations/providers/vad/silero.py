@@ -23,6 +23,7 @@ ship) and calls `torch.set_num_threads(1)` globally. We only borrow its ONNX fil
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import logging
 import threading
 from dataclasses import dataclass
@@ -188,22 +189,21 @@ class SileroVAD:
         step k runs the LSTM for the k-th window of every stream that has one.
         (Flat arrays and plain loops: this runs for every packet of every session.)"""
         streams = [stream for stream, _ in work]
-        counts: list[int] = []
-        found: list[np.ndarray] = []
-        for stream, pcm in work:
-            windows = stream.windows(pcm)
-            counts.append(len(windows))
-            found.append(windows)
+        found = [stream.windows(pcm) for stream, pcm in work]
+        counts = [len(mine) for mine in found]
         probs: list[list[float]] = [[] for _ in work]
         if not any(counts):
             return probs
-        windows = np.concatenate(found).astype(np.float32)
+        windows = np.concatenate(found, dtype=np.float32)
         windows *= 1 / 32768  # full scale is 1.0, as the model was trained
         quiet = (np.abs(windows).max(axis=1) < self.SILENCE_PEAK).tolist()
         inputs = np.empty((len(windows), CONTEXT_SAMPLES + WINDOW_SAMPLES), dtype=np.float32)
         inputs[:, CONTEXT_SAMPLES:] = windows
         inputs[1:, :CONTEXT_SAMPLES] = windows[:-1, -CONTEXT_SAMPLES:]  # the window before, mostly
-        firsts = self._firsts(streams, counts, inputs)
+        firsts = [0, *itertools.accumulate(counts)][:-1]  # each stream's first window in the flat array
+        for stream, count, first in zip(streams, counts, firsts, strict=True):
+            if count:
+                inputs[first, :CONTEXT_SAMPLES] = stream.context  # its own context
         encoded = self._needed(streams, counts, firsts, quiet)
         network = self.network()
         projected = network.project(network.encode(inputs[encoded])) if encoded else None
@@ -220,22 +220,11 @@ class SileroVAD:
             if stepping:
                 assert projected is not None
                 rows = [row_of[firsts[i] + k] for i in stepping]
-                self._step(stepping, projected[rows], streams, probs)
+                self._step(network, stepping, projected[rows], streams, probs)
         for i, stream in enumerate(streams):
             if counts[i]:
                 stream.context = windows[firsts[i] + counts[i] - 1, -CONTEXT_SAMPLES:].copy()
         return probs
-
-    @staticmethod
-    def _firsts(streams: list[SileroStream], counts: list[int], inputs: np.ndarray) -> list[int]:
-        """Each stream's first window in the flat array, given its own context."""
-        firsts, flat = [], 0
-        for stream, count in zip(streams, counts, strict=True):
-            firsts.append(flat)
-            if count:
-                inputs[flat, :CONTEXT_SAMPLES] = stream.context
-            flat += count
-        return firsts
 
     def _needed(
         self, streams: list[SileroStream], counts: list[int], firsts: list[int], quiet: list[bool]
@@ -252,11 +241,13 @@ class SileroVAD:
                     needed.append(flat)
         return needed
 
+    @staticmethod
     def _step(
-        self, stepping: list[int], projected: np.ndarray, streams: list[SileroStream], probs: list[list[float]]
+        network: Network, stepping: list[int], projected: np.ndarray, streams: list[SileroStream],
+        probs: list[list[float]],
     ) -> None:
         states = np.stack([streams[i].state for i in stepping])
-        probability, new_states = self.network().step(projected, states)
+        probability, new_states = network.step(projected, states)
         for row, value in enumerate(probability.tolist()):
             stream = streams[stepping[row]]
             stream.state = new_states[row]
