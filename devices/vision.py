@@ -28,6 +28,7 @@ from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from conversations.providers.llm.openai_compat import Endpoint
 from devices.auth import normalize_mac
 from devices.models import Device
 from devices.tokens import token_sign, token_verify
@@ -187,8 +188,8 @@ async def vision_explain_image(*, question: str, jpeg: bytes, endpoints: list[Vi
 
 
 async def _ask(endpoint: VisionEndpoint, question: str, jpeg: bytes) -> str:
-    client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key or "not-needed",
-                                timeout=endpoint.timeout, max_retries=0)
+    # The process's client for this model (a new one costs ~17 ms of the event loop's CPU).
+    client = Endpoint(endpoint.base_url, endpoint.api_key, endpoint.timeout).client()
     image_url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
     message: ChatCompletionUserMessageParam = {"role": "user", "content": [
         {"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": image_url}}]}
@@ -197,8 +198,6 @@ async def _ask(endpoint: VisionEndpoint, question: str, jpeg: bytes) -> str:
             model=endpoint.model, stream=False, messages=[message])
     except (openai.OpenAIError, OSError, TimeoutError) as exc:
         raise VisionError(type(exc).__name__) from exc
-    finally:
-        await client.close()
     answer = (response.choices[0].message.content or "").strip() if response.choices else ""
     if not answer:
         raise VisionError("empty answer")

@@ -126,7 +126,8 @@ class _Process:
         self.connections -= 1
         if self.connections > 0:
             return
-        # The last connection is gone: no timer and no idle HTTP pool on a quiet server.
+        # The last connection is gone: no timer on a quiet server (the LLM clients' idle
+        # connections are the process's, conversations/providers/llm/openai_compat.py).
         chains, self._llm, self._loop = self._llm, {}, None
         await self.store.stop_sweeper()
         await self.history.flush()

@@ -26,14 +26,12 @@ def fake() -> Iterator[FakeOpenAI]:
 async def tts(fake: FakeOpenAI) -> AsyncIterator[OpenAITTS]:
     provider = OpenAITTS(fake.base_url, timeout=5)
     yield provider
-    await provider.aclose()
 
 
 @pytest.fixture
 async def asr(fake: FakeOpenAI) -> AsyncIterator[OpenAIASR]:
     provider = OpenAIASR(fake.base_url, timeout=5)
     yield provider
-    await provider.aclose()
 
 
 async def _speak(tts: OpenAITTS, text: str = "Hello world") -> list[PCMChunk]:
@@ -45,8 +43,6 @@ async def test_both_are_built_from_the_registry_and_meet_the_contracts(fake: Fak
     asr = build("asr", "openai", base_url=fake.base_url, model="whisper-large", extra="ignored")
     assert isinstance(tts, TTS) and isinstance(asr, ASR)
     assert (tts.name, asr.name) == ("openai", "openai")
-    await tts.aclose()
-    await asr.aclose()
 
 
 async def test_tts_streams_whole_samples_at_24khz(fake: FakeOpenAI, tts: OpenAITTS) -> None:
@@ -89,7 +85,6 @@ async def test_tts_times_out_on_a_hanging_server(fake: FakeOpenAI) -> None:
     with pytest.raises(ProviderError):
         await _speak(tts)
     assert time.monotonic() - started < 2
-    await tts.aclose()
 
 
 async def test_tts_can_be_interrupted_midway(fake: FakeOpenAI, tts: OpenAITTS) -> None:
@@ -141,7 +136,6 @@ async def test_asr_times_out_on_a_hanging_server(fake: FakeOpenAI) -> None:
     with pytest.raises(ProviderError):
         await asr.transcribe(b"\x00\x01" * 800, 16000, "en")
     assert time.monotonic() - started < 2
-    await asr.aclose()
 
 
 @pytest.mark.parametrize(

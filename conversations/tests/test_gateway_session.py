@@ -111,7 +111,6 @@ async def gateway(fake: FakeOpenAI) -> AsyncIterator[Gateway]:
     yield gw
     for session in gw.sessions:
         await session.aclose()
-    await llm.aclose()
 
 
 async def send(session: GatewaySession, **message: Any) -> None:

@@ -1,6 +1,7 @@
 """OpenAILLM against the fake cloud over real HTTP."""
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -9,8 +10,10 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall, ChoiceDeltaToolCallFunction
 
+from conversations.pipeline.fallback import build_chain
+from conversations.providers.asr.openai_compat import OpenAIASR
 from conversations.providers.base import LLM, LLMDelta, ProviderError
-from conversations.providers.llm.openai_compat import OpenAILLM, _ToolCallAssembler
+from conversations.providers.llm.openai_compat import Endpoint, OpenAILLM, _clients, _ToolCallAssembler
 from conversations.providers.registry import build
 from testing.fake_openai import Call, FakeOpenAI, Reply
 
@@ -28,7 +31,6 @@ def fake() -> Iterator[FakeOpenAI]:
 async def llm(fake: FakeOpenAI) -> AsyncIterator[OpenAILLM]:
     provider = OpenAILLM(fake.base_url, timeout=5)
     yield provider
-    await provider.aclose()
 
 
 async def _collect(llm: OpenAILLM, tools: list[dict] | None = TOOLS, **options: object) -> list[LLMDelta]:
@@ -44,7 +46,6 @@ async def test_it_is_built_from_the_registry_and_meets_the_contract(fake: FakeOp
     provider = build("llm", "openai", base_url=fake.base_url, api_key="k", unknown_option=1)
     assert isinstance(provider, OpenAILLM) and isinstance(provider, LLM)
     assert provider.name == "openai"
-    await provider.aclose()
 
 
 async def test_it_streams_text_deltas(fake: FakeOpenAI, llm: OpenAILLM) -> None:
@@ -116,7 +117,6 @@ async def test_a_hanging_server_fails_quickly_with_a_short_timeout(fake: FakeOpe
     with pytest.raises(ProviderError, match="Timeout"):
         await _collect(llm)
     assert time.monotonic() - started < 2
-    await llm.aclose()
 
 
 async def test_a_stream_that_stalls_midway_times_out(fake: FakeOpenAI) -> None:
@@ -127,7 +127,6 @@ async def test_a_stream_that_stalls_midway_times_out(fake: FakeOpenAI) -> None:
         async for delta in llm.stream(USER, tools=None, model="m", temperature=0.5, max_tokens=100):
             received.append(delta.text)
     assert received == ["one "]
-    await llm.aclose()
 
 
 async def test_a_dropped_stream_becomes_a_provider_error(fake: FakeOpenAI, llm: OpenAILLM) -> None:
@@ -154,7 +153,6 @@ async def test_an_unreachable_server_becomes_a_provider_error() -> None:
         llm = OpenAILLM(f"http://127.0.0.1:{port}/v1/", timeout=2)
         with pytest.raises(ProviderError, match="Connection"):
             await _collect(llm)
-    await llm.aclose()
 
 
 async def test_errors_never_carry_the_api_key(fake: FakeOpenAI) -> None:
@@ -164,7 +162,6 @@ async def test_errors_never_carry_the_api_key(fake: FakeOpenAI) -> None:
     with pytest.raises(ProviderError) as caught:
         await _collect(llm)
     assert "1234567890" not in str(caught.value) and "abc.def" not in str(caught.value)
-    await llm.aclose()
 
 
 async def test_closing_the_stream_early_leaves_the_provider_usable(fake: FakeOpenAI, llm: OpenAILLM) -> None:
@@ -196,3 +193,46 @@ def test_the_assembler_handles_fragments_without_index_and_id() -> None:
     assembler.add([_fragment(None, args=None)])
     [call] = assembler.result()
     assert call.name == "lookup" and json.loads(call.arguments) == {"q": "tea"} and call.id.startswith("call_")
+
+
+# -- one SDK client per endpoint and event loop ------------------------------------------------
+
+
+async def test_providers_of_one_endpoint_share_one_client_on_a_loop(fake: FakeOpenAI) -> None:
+    """Every talking session builds its providers; the ~17 ms and ~0.85 MB of a client (its
+    TLS context) and the pooled connections are the process's, once per endpoint."""
+    first, second = OpenAILLM(fake.base_url, api_key="k", timeout=5), OpenAILLM(fake.base_url, api_key="k", timeout=5)
+    asr = OpenAIASR(fake.base_url, api_key="k", timeout=5)
+    assert first._endpoint.client() is second._endpoint.client() is asr._endpoint.client()
+    other_key = OpenAILLM(fake.base_url, api_key="k2", timeout=5)
+    other_timeout = OpenAILLM(fake.base_url, api_key="k", timeout=6)
+    clients = {id(p._endpoint.client()) for p in (first, other_key, other_timeout)}
+    assert len(clients) == 3
+    assert "k2" not in repr(other_key._endpoint)  # the key stays out of logs and tracebacks
+
+
+async def test_another_event_loop_gets_its_own_client_and_a_closed_loops_is_dropped(fake: FakeOpenAI) -> None:
+    """httpx binds a pool to the loop that uses it: a one-off `asyncio.run` (a probe, a Celery
+    task) must not hand its client to the server's loop, nor keep it after it ends."""
+    llm = OpenAILLM(fake.base_url, timeout=5)
+    fake.script(Reply(text="from another loop."), Reply(text="from this one."))
+
+    async def elsewhere() -> tuple[object, str]:
+        return llm._endpoint.client(), _text(await _collect(llm, tools=None))
+
+    theirs, their_text = await asyncio.to_thread(asyncio.run, elsewhere())
+    assert their_text == "from another loop." and _text(await _collect(llm, tools=None)) == "from this one."
+    assert llm._endpoint.client() is not theirs
+    loops = list(_clients._by_loop)
+    assert asyncio.get_running_loop() in loops and not any(loop.is_closed() for loop in loops)
+
+
+async def test_a_session_closing_its_chain_leaves_the_shared_client_to_the_others(fake: FakeOpenAI) -> None:
+    configs = {"openai": {"base_url": fake.base_url, "api_key": "k", "timeout": 5}}
+    leaving, staying = build_chain("llm", ["openai"], configs), build_chain("llm", ["openai"], configs)
+    fake.script(Reply(text="still here."))
+    await leaving.aclose()
+    provider = staying.slots[0].provider
+    assert isinstance(provider, OpenAILLM)
+    assert _text(await _collect(provider, tools=None)) == "still here."
+    assert provider._endpoint == Endpoint(fake.base_url, "k", 5.0, 0)

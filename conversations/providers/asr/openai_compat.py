@@ -7,7 +7,7 @@ import wave
 from typing import Any
 
 from conversations.providers.base import ProviderError
-from conversations.providers.llm.openai_compat import CLIENT_ERRORS, make_client, provider_error
+from conversations.providers.llm.openai_compat import CLIENT_ERRORS, Endpoint, provider_error
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class OpenAIASR:
     ) -> None:
         self._model = model
         self._secret = api_key
-        self._client = make_client(base_url, api_key, timeout, max_retries)
+        self._endpoint = Endpoint(base_url, api_key, timeout, max_retries)
 
     async def transcribe(self, pcm: bytes, sample_rate: int, language: str | None) -> str:
         if len(pcm) < 2:
@@ -56,7 +56,7 @@ class OpenAIASR:
         if code := whisper_language(language):
             params["language"] = code
         try:
-            result = await self._client.audio.transcriptions.create(**params)
+            result = await self._endpoint.client().audio.transcriptions.create(**params)
         except CLIENT_ERRORS as exc:
             logger.warning("asr request failed", extra={"provider": self.name, "error": type(exc).__name__})
             raise provider_error("ASR request", exc, self._secret) from exc
@@ -64,6 +64,3 @@ class OpenAIASR:
         if not isinstance(text, str):
             raise ProviderError("ASR reply has no text")
         return text.strip()
-
-    async def aclose(self) -> None:
-        await self._client.close()

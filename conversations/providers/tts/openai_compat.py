@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from conversations.providers.base import PCMChunk, ProviderError
-from conversations.providers.llm.openai_compat import CLIENT_ERRORS, make_client, provider_error
+from conversations.providers.llm.openai_compat import CLIENT_ERRORS, Endpoint, provider_error
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class OpenAITTS:
         self._model = model
         self._default_voice = voice
         self._secret = api_key
-        self._client = make_client(base_url, api_key, timeout, max_retries)
+        self._endpoint = Endpoint(base_url, api_key, timeout, max_retries)
 
     async def synthesize(self, text: str, *, voice: str, language: str) -> AsyncIterator[PCMChunk]:
         """Yield 24 kHz PCM chunks; `language` is unused (the API infers it from the text)."""
@@ -46,7 +46,7 @@ class OpenAITTS:
             return
         produced = False
         try:
-            async with self._client.audio.speech.with_streaming_response.create(
+            async with self._endpoint.client().audio.speech.with_streaming_response.create(
                 model=self._model, voice=voice or self._default_voice, input=text, response_format="pcm"
             ) as response:
                 carry = b""
@@ -60,6 +60,3 @@ class OpenAITTS:
             raise provider_error("TTS request", exc, self._secret) from exc
         if not produced:
             raise ProviderError("TTS returned no audio")
-
-    async def aclose(self) -> None:
-        await self._client.close()
