@@ -398,8 +398,9 @@ class Chains:
     """A session's provider chains, built once on first need.
 
     Building imports provider SDKs (openai alone takes ~0.6 s the first time in a process)
-    and creates HTTP clients, so it runs in a worker thread, and only for sessions that
-    actually talk: thousands of idle devices never pay for it.
+    and loads local models, so it runs in a worker thread, and only for sessions that
+    actually talk: thousands of idle devices never pay for it. (The SDK clients are the
+    process's, one per endpoint: conversations/providers/llm/openai_compat.py.)
     """
 
     def __init__(self, config: SessionConfig) -> None:
