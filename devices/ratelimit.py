@@ -8,13 +8,12 @@ The cache must be shared by every web process (settings: Redis when REDIS_URL is
 """
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from dataclasses import dataclass
 
-import redis
 from django.conf import settings
+from django.core.cache.backends.redis import RedisCache
 
 from xiaozhi_site.shared_cache import shared_cache
 
@@ -84,12 +83,11 @@ def _count(key: str, window_seconds: int) -> int:
     # The key's timeout outlives the window, so the count never races an expiry inside it.
     cache = shared_cache()
     timeout = window_seconds * 2
-    server = _redis()
-    if server is not None:
-        # add + incr in one round trip, not three (Django's incr is EXISTS, then INCRBY); the
-        # same key and encoding as the cache's own (Django stores an int as its digits)
+    if isinstance(cache, RedisCache):
+        # add + incr in one round trip, not three (Django's incr is EXISTS, then INCRBY), on
+        # the cache's own client and pool, key and encoding (Django stores an int as its digits)
         full = cache.make_and_validate_key(key)
-        pipe = server.pipeline(transaction=False)
+        pipe = cache._cache.get_client(full, write=True).pipeline(transaction=False)
         pipe.set(full, 0, ex=timeout, nx=True)
         pipe.incr(full)
         _, count = pipe.execute()
@@ -100,16 +98,6 @@ def _count(key: str, window_seconds: int) -> int:
     except ValueError:  # evicted between add() and incr()
         cache.add(key, 1, timeout=timeout)
         return 1
-
-
-@functools.cache
-def _redis() -> redis.Redis | None:
-    """The cache's Redis server itself when the cache is Redis (settings: `REDIS_URL`, one
-    server): one client per process, as the cache's."""
-    config = settings.CACHES["default"]
-    if not config["BACKEND"].endswith(".RedisCache"):
-        return None
-    return redis.Redis.from_url(config["LOCATION"])
 
 
 def rate_limit_hit(*, limit: RateLimit, address: str, now: float | None = None) -> RateDecision:

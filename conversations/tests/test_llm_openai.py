@@ -211,7 +211,7 @@ async def test_providers_of_one_endpoint_share_one_client_on_a_loop(fake: FakeOp
     assert "k2" not in repr(other_key._endpoint)  # the key stays out of logs and tracebacks
 
 
-async def test_another_event_loop_gets_its_own_client_and_a_closed_loops_is_dropped(fake: FakeOpenAI) -> None:
+async def test_another_event_loop_gets_its_own_client_and_a_closed_loops_clients_are_dropped(fake: FakeOpenAI) -> None:
     """httpx binds a pool to the loop that uses it: a one-off `asyncio.run` (a probe, a Celery
     task) must not hand its client to the server's loop, nor keep it after it ends."""
     llm = OpenAILLM(fake.base_url, timeout=5)

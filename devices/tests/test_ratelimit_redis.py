@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 import redis
+from django.core.cache.backends.redis import RedisCache
 
-from devices.ratelimit import RateLimit, _redis, rate_limit_hit
+from devices.ratelimit import RateLimit, rate_limit_hit
 from xiaozhi_site.shared_cache import shared_cache
 
 pytestmark = pytest.mark.integration
@@ -16,8 +17,9 @@ LIMIT = RateLimit(scope="test", per_address=3, global_limit=5, window_seconds=60
 
 
 def test_counts_go_to_redis_in_one_round_trip_each(monkeypatch: pytest.MonkeyPatch) -> None:
-    server = _redis()
-    assert server is not None
+    cache = shared_cache()
+    assert isinstance(cache, RedisCache)
+    server = cache._cache.get_client(write=True)
     trips: list[int] = []
     execute = redis.client.Pipeline.execute
 
