@@ -7,6 +7,7 @@ each and uses it only from its own executor.
 from __future__ import annotations
 
 import ctypes
+import functools
 from types import ModuleType
 from typing import Any
 
@@ -45,6 +46,22 @@ def _reason(exc: Exception) -> str:
     return opuslib.api.info.strerror(code).decode("ascii", "replace")
 
 
+@functools.cache
+def _decode_holding_the_lock(opuslib: ModuleType) -> Any:
+    """libopus's `opus_decode` bound through `ctypes.PyDLL`: the call keeps the interpreter lock.
+
+    opuslib binds libopus through `ctypes.CDLL`, which gives the lock up for every call. A
+    decode is ~30-80 us, but taking the lock back waits for whichever thread took it, and a
+    busy event loop hands it over only after the switch interval (5 ms). Beside a busy loop a
+    hearing group of 24 packets (~6 ms of CPU) took 78 / 147 ms of wall time (p50 / p99) with
+    the lock given up per packet, 51 / 114 ms with it kept (bench/hearing_gil.py, issue 17).
+    """
+    decode = ctypes.PyDLL(opuslib.api.lib_location).opus_decode
+    decode.argtypes = opuslib.api.decoder.libopus_decode.argtypes
+    decode.restype = ctypes.c_int
+    return decode
+
+
 def _check_rate(sample_rate: int) -> None:
     if sample_rate not in VALID_RATES:
         raise ValueError(f"Opus sample rate must be one of {VALID_RATES}, got {sample_rate}")
@@ -67,7 +84,7 @@ class OpusDecoder:
         # Python list (~60 us of a ~110 us decode, under the GIL; issue 17).
         self._pcm = (ctypes.c_int16 * (self._max_frame * channels))()
         self._state = self._decoder.decoder_state
-        self._opus_decode = self._opuslib.api.decoder.libopus_decode
+        self._opus_decode = _decode_holding_the_lock(self._opuslib)
 
     def decode(self, packet: bytes) -> bytes:
         """Decode one packet. Raises AudioError for empty or malformed packets.

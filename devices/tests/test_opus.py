@@ -119,6 +119,17 @@ def test_decoder_matches_opuslib_sample_for_sample_and_its_output_is_not_reused(
     assert len(stereo.decode(packets[0])) == 2 * len(ours[0])
 
 
+def test_decode_keeps_the_interpreter_lock() -> None:
+    """libopus is called through ctypes.PyDLL (the lock kept), not opuslib's CDLL binding,
+    which gives the lock up and makes the hearing thread queue behind the event loop to take
+    it back for every packet (bench/hearing_gil.py)."""
+    import ctypes
+
+    decode = OpusDecoder(16000)._opus_decode
+    assert decode._flags_ & ctypes._FUNCFLAG_PYTHONAPI
+    assert OpusDecoder(16000)._opus_decode is decode  # bound once per process
+
+
 def test_missing_libopus_is_reported_as_audio_error(monkeypatch: pytest.MonkeyPatch) -> None:
     # Re-import opuslib with the shared library "absent", as on a host without libopus0.
     for name in [m for m in sys.modules if m == "opuslib" or m.startswith("opuslib.")]:
