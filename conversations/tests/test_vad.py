@@ -155,7 +155,7 @@ def onnxruntime_reference(vad: SileroVAD, clips: list[np.ndarray]) -> list[list[
     return out
 
 
-def test_the_numpy_network_gives_onnxruntimes_probabilities_on_the_same_file(utterance: bytes) -> None:
+def test_our_graphs_give_the_probabilities_of_silero_own_graph_on_the_same_file(utterance: bytes) -> None:
     """Speech, room noise and a loud tone, three sessions in the same calls, 60 ms packets."""
     rng = np.random.default_rng(11)
     speech = np.frombuffer(utterance, dtype="<i2")
