@@ -19,12 +19,20 @@ A pretty-printed debug line per connection. autobahn's `_connectionMade` pretty-
 connect, ~2 % of the server's time in a reboot storm (docs/performance.md, P10). Its module's
 `pformat` now defers the work to when a line is really formatted.
 
-`install()` swaps all three; idempotent, applied by xiaozhi_site.asgi with the other daphne
+Highlighted names and values for debug lines. autobahn formats each debug line's arguments
+with `hltype` and `hlval` (a qualified name, a value as text, coloured through click) before
+the logger drops the line: ~9 us for every frame sent (`sendData`), ~7 us for every lost
+connection (the reason is a Twisted Failure whose text is a brief traceback; each refused
+device's close, under overload). Both modules' names now defer the work to when a line is
+really formatted (`LazyText`).
+
+`install()` swaps them all; idempotent, applied by xiaozhi_site.asgi with the other daphne
 patches.
 """
 from __future__ import annotations
 
 import pprint
+from collections.abc import Callable
 from typing import Any
 
 
@@ -60,6 +68,34 @@ class IntXorMasker:
 def create_xor_masker(mask: bytes, length: int | None = None) -> IntXorMasker:
     """autobahn's factory signature; one masker fits every length."""
     return IntXorMasker(mask)
+
+
+class LazyText:
+    """A text-making function (autobahn.util's `hltype`, `hlval`) that returns a `Later`:
+    autobahn passes them only as arguments of its debug lines."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[..., str]) -> None:
+        self.make = make
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Later:
+        return Later(self.make, args, kwargs)
+
+
+class Later:
+    """`make(*args, **kwargs)` when (and only if) it is turned into text."""
+
+    __slots__ = ("args", "kwargs", "make")
+
+    def __init__(self, make: Callable[..., str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.make, self.args, self.kwargs = make, args, kwargs
+
+    def __str__(self) -> str:
+        return self.make(*self.args, **self.kwargs)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 class LazyPformat:
@@ -136,6 +172,7 @@ def _single_binary_message(self: Any, data: bytes) -> bool:
 
 
 def install() -> None:
+    from autobahn.twisted import websocket  # noqa: PLC0415
     from autobahn.twisted.websocket import WebSocketAdapterProtocol  # noqa: PLC0415 - daphne's layer
     from autobahn.websocket import protocol  # noqa: PLC0415
 
@@ -145,12 +182,20 @@ def install() -> None:
     WebSocketAdapterProtocol.dataReceived = data_received  # type: ignore[method-assign]
     protocol.Timings.__str__ = timings_text  # type: ignore[method-assign]
     protocol.pformat = LazyPformat  # type: ignore[assignment]  # a lazy value, formatted as text later
+    for module in (protocol, websocket):  # module globals, so every debug line in them
+        for name in ("hltype", "hlval"):
+            if not isinstance(getattr(module, name), LazyText):
+                setattr(module, name, LazyText(getattr(module, name)))
 
 
 def installed() -> bool:
     from autobahn.twisted.websocket import WebSocketAdapterProtocol  # noqa: PLC0415
     from autobahn.websocket import protocol  # noqa: PLC0415
 
+    from autobahn.twisted import websocket  # noqa: PLC0415
+
     reader = WebSocketAdapterProtocol.dataReceived
     return bool(protocol.create_xor_masker is create_xor_masker and reader is data_received
-                and protocol.pformat is LazyPformat)
+                and protocol.pformat is LazyPformat
+                and all(isinstance(getattr(module, name), LazyText)
+                        for module in (protocol, websocket) for name in ("hltype", "hlval")))

@@ -6,6 +6,8 @@ import os
 import pprint
 
 import pytest
+from autobahn import util
+from autobahn.twisted import websocket
 from autobahn.websocket import protocol
 from autobahn.websocket.xormasker import create_xor_masker as autobahn_masker
 
@@ -43,6 +45,10 @@ def test_install_swaps_autobahns_factory_and_reader(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(WebSocketAdapterProtocol, "dataReceived", WebSocketAdapterProtocol.dataReceived)
     monkeypatch.setattr(protocol, "pformat", pprint.pformat)
     monkeypatch.setattr(protocol.Timings, "__str__", protocol.Timings.__str__)
+    for module in (protocol, websocket):
+        monkeypatch.setattr(module, "hltype", util.hltype)
+        monkeypatch.setattr(module, "hlval", util.hlval)
+    assert not ws_fastpath.installed()
     ws_fastpath.install()
     assert ws_fastpath.installed()
     assert isinstance(protocol.create_xor_masker(b"abcd", 10), IntXorMasker)
@@ -70,6 +76,33 @@ def test_a_connection_pretty_prints_its_options_only_for_a_debug_line_written(
     assert printed == [] and f"{options}" == str(options) == "pretty"
     timings = protocol.Timings()
     assert isinstance(str(timings), str)
+
+
+def test_a_sent_frame_and_a_lost_connection_highlight_nothing_for_debug_lines_not_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[object] = []
+
+    def highlight(value: object, **_: object) -> str:
+        made.append(value)
+        return f"<{value}>"
+
+    for module in (protocol, websocket):  # autobahn's own, as its modules import them
+        monkeypatch.setattr(module, "hltype", highlight)
+        monkeypatch.setattr(module, "hlval", highlight)
+    ws_fastpath.install()
+    connection = WebSocketServerProtocol()
+    connection.factory = WebSocketServerFactory()
+    connection.factory.setProtocolOptions(openHandshakeTimeout=0)
+    connection.peer, connection.trackTimings = "tcp:127.0.0.1:1", False
+    sent: list[bytes] = []
+    connection.transport = type("Transport", (), {"write": lambda _self, data: sent.append(data)})()
+    connection._connectionMade()
+    connection.sendData(b"frame")
+    connection._connectionLost("the peer went away")
+    assert sent == [b"frame"] and made == []  # autobahn's debug logging is off: nothing was made
+    line = f"{protocol.hlval(140)} from {websocket.hltype(util)}"
+    assert line == f"<140> from <{util}>" and made == [140, util]  # a line written gets the real text
+    assert str(protocol.hlval("peer", color="green")) == "<peer>"
 
 
 class FakeConnection:
