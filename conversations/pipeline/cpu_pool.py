@@ -33,9 +33,20 @@ _pools_lock = threading.Lock()
 def _pool(name: str) -> ThreadPoolExecutor:
     with _pools_lock:
         if name not in _pools:
+            single_threaded_blas()
             workers = hearing_threads() if name == "voice-hear" else max(2, min(4, os.cpu_count() or 2))
             _pools[name] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
         return _pools[name]
+
+
+def single_threaded_blas() -> None:
+    """numpy's products in these pools are small (Smart Turn's features, Whisper's mel filter
+    bank) and the pools' threads run side by side: BLAS threads of their own would only spin
+    against them and the event loop. Applied when a process makes its first pool."""
+    import numpy  # noqa: F401, PLC0415 - loads BLAS, so that the limit reaches it
+    from threadpoolctl import threadpool_limits  # noqa: PLC0415
+
+    threadpool_limits(limits=1, user_api="blas")
 
 
 def hearing_threads(environ: Mapping[str, str] | None = None, cores: int | None = None) -> int:

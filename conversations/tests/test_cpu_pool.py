@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from conversations.pipeline import cpu_pool
 from conversations.pipeline.cpu_pool import CpuMill, Outcome, hearing_threads
 
 
@@ -146,3 +147,16 @@ async def test_a_shut_down_pool_fails_a_sinks_job_too() -> None:
     sink = Sink()
     CpuMill(pool, max_inflight=1).submit(Doubler(), 1, sink)
     assert len(sink.got) == 1 and isinstance(sink.got[0][1], RuntimeError)
+
+
+def test_a_process_making_its_pools_keeps_numpys_blas_to_one_thread() -> None:
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    threadpool_limits(limits=2, user_api="blas")  # as a process with BLAS's own default
+    try:
+        pool = cpu_pool._pool("test-blas")
+    finally:
+        cpu_pool._pools.pop("test-blas", None)
+    pool.shutdown()
+    blas = [lib for lib in threadpool_info() if lib["user_api"] == "blas"]
+    assert blas and all(lib["num_threads"] == 1 for lib in blas)

@@ -110,11 +110,7 @@ class SmartTurn:
 
 def _load_session(path: Path, threads: int) -> Any:
     import onnxruntime as ort  # noqa: PLC0415 - loaded with the first prediction
-    from threadpoolctl import threadpool_limits  # noqa: PLC0415
 
-    # the features' one numpy product (features.py) is small and runs in a pool thread beside
-    # others: BLAS threads of its own would only spin against the event loop
-    threadpool_limits(limits=1, user_api="blas")
     options = ort.SessionOptions()
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.intra_op_num_threads = threads
