@@ -3,10 +3,12 @@ interpreter lock (issue 17, the overload tail).
 
 A web process runs the hearing's groups in a pool thread while its event loop runs Python in
 the main thread. Every C call that gives the lock up (an Opus decode through ctypes, a numpy
-product or ufunc over more than a few hundred numbers) must take it back from the loop, and
-a busy loop hands it back only when the interpreter's switch interval has passed (5 ms by
-default). A group of 24 packets makes dozens of such calls, so it can take many times its
-CPU time in wall time: sessions wait for their packets' turn while the machine has CPU left.
+product or ufunc over more than a few hundred numbers, an onnxruntime run) must take it back
+from the loop, and a busy loop hands it back only when the interpreter's switch interval has
+passed (5 ms by default). With Silero's products in numpy a group of 24 packets made ~100 such
+calls (session 29, gdb); as two onnxruntime graphs it makes 11 (session 30). Each can stretch
+the group's wall time far past its CPU time: sessions wait for their packets' turn while the
+machine has CPU left.
 
 Here one thread runs `HearingBatch.run_batch` over G sessions (P2's noise mix, as
 bench/hearing_floor.py) every 5 ms, while the main thread stands in for a loop at full load
