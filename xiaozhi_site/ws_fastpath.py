@@ -172,14 +172,13 @@ def _single_binary_message(self: Any, data: bytes) -> bool:
 
 
 def install() -> None:
-    from autobahn.twisted import websocket  # noqa: PLC0415
-    from autobahn.twisted.websocket import WebSocketAdapterProtocol  # noqa: PLC0415 - daphne's layer
+    from autobahn.twisted import websocket  # noqa: PLC0415 - daphne's layer
     from autobahn.websocket import protocol  # noqa: PLC0415
 
     if protocol.WebSocketProtocol.STATE_OPEN != OPEN:
         raise RuntimeError("autobahn's connection states changed: review ws_fastpath")
     protocol.create_xor_masker = create_xor_masker  # type: ignore[assignment]
-    WebSocketAdapterProtocol.dataReceived = data_received  # type: ignore[method-assign]
+    websocket.WebSocketAdapterProtocol.dataReceived = data_received  # type: ignore[method-assign]
     protocol.Timings.__str__ = timings_text  # type: ignore[method-assign]
     protocol.pformat = LazyPformat  # type: ignore[assignment]  # a lazy value, formatted as text later
     for module in (protocol, websocket):  # module globals, so every debug line in them
@@ -189,12 +188,10 @@ def install() -> None:
 
 
 def installed() -> bool:
-    from autobahn.twisted.websocket import WebSocketAdapterProtocol  # noqa: PLC0415
+    from autobahn.twisted import websocket  # noqa: PLC0415
     from autobahn.websocket import protocol  # noqa: PLC0415
 
-    from autobahn.twisted import websocket  # noqa: PLC0415
-
-    reader = WebSocketAdapterProtocol.dataReceived
+    reader = websocket.WebSocketAdapterProtocol.dataReceived
     return bool(protocol.create_xor_masker is create_xor_masker and reader is data_received
                 and protocol.pformat is LazyPformat
                 and all(isinstance(getattr(module, name), LazyText)

@@ -16,6 +16,18 @@ class ProviderError(Exception):
     """A provider could not do its job (network, timeout, bad reply, missing model)."""
 
 
+def onnx_session(model: str | bytes, threads: int) -> Any:
+    """An onnxruntime session on the CPU, `threads` for one run's operators and none between
+    runs: every caller runs it from a pool thread beside others (VAD, Smart Turn, Piper).
+    Sessions are safe to run from several threads at once. Raises onnxruntime's own errors."""
+    import onnxruntime as ort  # noqa: PLC0415 - loaded with the first model
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+
+
 class TurnVerdict(NamedTuple):
     """An end-of-turn model's answer for one pause."""
 

@@ -31,7 +31,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conversations.providers.base import PCMChunk, ProviderError
+from conversations.providers.base import PCMChunk, ProviderError, onnx_session
 from conversations.providers.tts.voices import PIPER_VOICES, base_language
 
 if TYPE_CHECKING:
@@ -164,16 +164,11 @@ def load_model(voice: VoiceFile, threads: int = 1) -> PiperVoice:
 
 
 def _load(voice: VoiceFile, threads: int) -> PiperVoice:
-    import onnxruntime
     from piper import PiperConfig, PiperVoice
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
     try:
         config = PiperConfig.from_dict(json.loads(voice.config.read_text(encoding="utf-8")))
-        session = onnxruntime.InferenceSession(str(voice.model), sess_options=options,
-                                               providers=["CPUExecutionProvider"])
+        session = onnx_session(str(voice.model), threads)
     except Exception as exc:  # a truncated or foreign .onnx file
         raise ProviderError(f"cannot load Piper voice {voice.name!r}: {type(exc).__name__}") from exc
     logger.info("piper voice loaded", extra={"voice": voice.name, "rate": config.sample_rate})

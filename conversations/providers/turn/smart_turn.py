@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from conversations.providers.base import ProviderError, TurnVerdict
+from conversations.providers.base import ProviderError, TurnVerdict, onnx_session
 from conversations.providers.turn.features import SAMPLE_RATE, last_window, log_mel
 
 logger = logging.getLogger(__name__)
@@ -109,15 +109,8 @@ class SmartTurn:
 
 
 def _load_session(path: Path, threads: int) -> Any:
-    import onnxruntime as ort  # noqa: PLC0415 - loaded with the first prediction
-
-    options = ort.SessionOptions()
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     try:
-        session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        session = onnx_session(str(path), threads)
     except Exception as exc:
         raise ProviderError(f"cannot load Smart Turn model {path}: {exc}") from exc
     logger.info("smart turn model loaded", extra={"path": str(path), "threads": threads, "sample_rate": SAMPLE_RATE})

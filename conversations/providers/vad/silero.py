@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from conversations.providers.base import ProviderError
+from conversations.providers.base import ProviderError, onnx_session
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +122,11 @@ class Network:
     several pool threads at once."""
 
     def __init__(self, weights: Weights) -> None:
-        self._features = _session(_features_graph(weights))
-        self._step = _session(_step_graph(weights))
+        self._features = onnx_session(_features_graph(weights), threads=1)
+        self._step = onnx_session(_step_graph(weights), threads=1)
+        # weights of other shapes raise here, not with the first session's audio
+        probe = self.features(np.zeros((1, CONTEXT_SAMPLES + WINDOW_SAMPLES), dtype=np.float32))
+        self.step(probe, np.zeros((1, 2, _HIDDEN), dtype=np.float32))
 
     def features(self, inputs: np.ndarray) -> np.ndarray:
         return self._features.run(None, {"inputs": inputs})[0]  # type: ignore[no-any-return]
@@ -211,19 +214,6 @@ def _step_graph(w: Weights) -> bytes:
     g.op("Concat", g.op("Unsqueeze", hidden, axis), g.op("Unsqueeze", cell, axis), axis=1, out="new_states")
     return g.model("silero_step", [("projected", [None, 4 * _HIDDEN]), ("states", [None, 2, _HIDDEN])],
                    [("probability", [None]), ("new_states", [None, 2, _HIDDEN])])
-
-
-def _session(model: bytes) -> Any:
-    """One thread per run, no spinning: every pool thread runs its own groups, and a spinning
-    worker thread would only take CPU from the event loop."""
-    import onnxruntime as ort  # noqa: PLC0415
-
-    options = ort.SessionOptions()
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
 
 
 class SileroVAD:
@@ -353,7 +343,7 @@ def load_network(path: Path) -> Network:
         missing = [name for name in _WEIGHTS if name not in found]
         if missing:
             raise ValueError(f"not the 16 kHz Silero VAD v5/v6 export (missing {missing[0]})")
-        network = _network(_weights(found))
+        network = Network(_weights(found))
     except Exception as exc:  # onnx and onnxruntime raise their own untyped errors for bad files
         raise ProviderError(f"cannot load Silero VAD model {path}: {exc}") from exc
     logger.info("silero vad model loaded", extra={"path": str(path)})
@@ -379,10 +369,3 @@ def _weights(w: dict[str, np.ndarray]) -> Weights:
         out_bias=float(w["model.decoder.decoder.2.bias"][0]),
     )
 
-
-def _network(weights: Weights) -> Network:
-    network = Network(weights)
-    probe = network.features(np.zeros((1, CONTEXT_SAMPLES + WINDOW_SAMPLES), dtype=np.float32))
-    # weights of other shapes raise here, not with the first session's audio
-    network.step(probe, np.zeros((1, 2, _HIDDEN), dtype=np.float32))
-    return network
