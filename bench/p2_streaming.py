@@ -50,7 +50,7 @@ from common import (
     FAKE_PERSONA, BenchServer, ServerMode, core_share, fmt, header, md_table, median, own_cpu_seconds, percentile,
     server_modes, verdict,
 )
-from loadgen import FRAME_S, LightDevice, mac_for, with_room_noise
+from loadgen import LightDevice, Microphones, mac_for, with_room_noise
 
 from testing.speech import opus_packets, silence, speak
 
@@ -132,25 +132,13 @@ class Step:
         return f"{seconds / self.packets * 1e6:.0f}" if self.packets else "-"
 
 
-async def stream(device: LightDevice, packets: list[bytes], offset: int, start: float, end: float,
+async def stream(device: LightDevice, mics: Microphones, packets: list[bytes], offset: int, start: float, end: float,
                  step: Step, sample: bool) -> None:
     """`listen start` just before `start`, then the loop of packets from `offset` until `end`."""
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start - 0.05 - loop.time()))
     await device.listen_start("auto")
-    index = 0
-    while not device.closed.is_set():
-        due = start + index * FRAME_S
-        if due >= end:
-            return
-        delay = due - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        elif sample:
-            step.late_ms.append(-delay * 1000)
-        if not await device.send_packet(packets[(offset + index) % len(packets)]):
-            return
-        index += 1
+    await mics.stream(device, packets, start, end, offset=offset, late=step.late_ms if sample else None)
 
 
 async def probe(url: str, step: Step, end: float) -> None:
@@ -187,13 +175,17 @@ async def drive(url: str, step: Step, loops: Loops, duration: float, meter: Mete
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.2
     end = start + START_SPREAD_S + duration
+    mics = Microphones()
     tasks = [  # users do not all press the button in the same millisecond
-        stream(d, loops.for_device(i, step.mix), rng.randrange(len(loops.dtx)),
+        stream(d, mics, loops.for_device(i, step.mix), rng.randrange(len(loops.dtx)),
                start + rng.uniform(0, START_SPREAD_S), end, step, i % 10 == 0)
         for i, d in enumerate(devices)
     ]
     started, before = time.perf_counter(), meter()  # the streaming only: not the connects and handshakes
-    await asyncio.gather(probe(url, step, end), *tasks)
+    try:
+        await asyncio.gather(probe(url, step, end), *tasks)
+    finally:
+        await mics.aclose()
     step.seconds = time.perf_counter() - started
     step.server_cpu, step.loop_cpu, step.client_cpu = (b - a for a, b in zip(before, meter(), strict=True))
     step.sent = sum(d.sent for d in devices)
@@ -221,7 +213,7 @@ async def wait_for_stats(bench: BenchServer, sessions: int, timeout: float = 20.
     return records
 
 
-async def arrive(device: LightDevice, packets: list[bytes], offset: int, at: float, end: float,
+async def arrive(device: LightDevice, mics: Microphones, packets: list[bytes], offset: int, at: float, end: float,
                  step: Step, sample: bool) -> None:
     """--overload: connect at `at`, hello, and stream at once until `end`; a refusal is counted."""
     loop = asyncio.get_running_loop()
@@ -236,7 +228,7 @@ async def arrive(device: LightDevice, packets: list[bytes], offset: int, at: flo
         step.refused += device.close_code == 1013
         return
     step.connected += 1
-    await stream(device, packets, offset, loop.time() + 0.05, end, step, sample)
+    await stream(device, mics, packets, offset, loop.time() + 0.05, end, step, sample)
 
 
 async def drive_overload(url: str, step: Step, loops: Loops, duration: float, meter: Meter) -> list[LightDevice]:
@@ -246,10 +238,14 @@ async def drive_overload(url: str, step: Step, loops: Loops, duration: float, me
     start = loop.time() + 0.5
     end = start + ARRIVAL_S + duration
     arrivals = sorted(rng.uniform(0, ARRIVAL_S) for _ in devices)
-    tasks = [arrive(d, loops.for_device(i, step.mix), rng.randrange(len(loops.dtx)), start + arrivals[i], end, step,
-                    i % 10 == 0) for i, d in enumerate(devices)]
+    mics = Microphones()
+    tasks = [arrive(d, mics, loops.for_device(i, step.mix), rng.randrange(len(loops.dtx)), start + arrivals[i], end,
+                    step, i % 10 == 0) for i, d in enumerate(devices)]
     started, before = time.perf_counter(), meter()
-    await asyncio.gather(probe(url, step, end), *tasks)
+    try:
+        await asyncio.gather(probe(url, step, end), *tasks)
+    finally:
+        await mics.aclose()
     step.seconds = time.perf_counter() - started
     step.server_cpu, step.loop_cpu, step.client_cpu = (b - a for a, b in zip(before, meter(), strict=True))
     step.sent = sum(d.sent for d in devices)
