@@ -92,6 +92,18 @@ class FrameGate:
             await self.protocol_error(exc.reason, exc.kind)
             return None
 
+    def binary_now(self, data: bytes, version: int | None) -> AudioPacket | None:
+        """`binary` for a frame that passes without a close or an error, decided without
+        awaiting; None: the frame needs `binary` (which then decides it again, the same way).
+        A token is spent only for a frame taken here."""
+        if version is None or len(data) > self._config.max_binary_bytes:
+            return None
+        try:
+            packet = decode_audio(data, version)
+        except ProtocolError:
+            return None
+        return packet if self._bucket.take() else None
+
     async def protocol_error(self, reason: str, kind: str) -> None:
         self.errors += 1
         logger.warning("device sent a bad frame",

@@ -57,7 +57,7 @@ from conversations.pipeline.states import (
 )
 from conversations.pipeline.toolset import build_toolset
 from conversations.pipeline.watchdog import Watchdog
-from devices.protocol.binary import encode_audio, negotiate_version
+from devices.protocol.binary import AudioPacket, encode_audio, negotiate_version
 from devices.protocol.codec import encode_json
 from devices.protocol.messages import (
     Abort,
@@ -193,19 +193,37 @@ class VoiceSession:
             return
         try:
             packet = await self._gate.binary(data, self._version)
-            if packet is None:
-                return
-            # Audio is the user's turn while listening, and in realtime mode while speaking
-            # too; an unbound device hears its code and nothing it says is processed.
-            state, engine = self._state, self._engine
-            listening = state is S.LISTENING or (state is S.SPEAKING and self._mode == "realtime")
-            if listening and engine is not None and not self._code_only:
-                self.stats.audio_to_engine += 1
-                engine.on_audio(packet.payload, packet.timestamp)
-            else:
-                self.stats.audio_dropped_in += 1
+            if packet is not None:
+                self._audio(packet)
         except Exception:
             await self._failed()
+
+    def feed_audio_now(self, data: bytes) -> bool:
+        """`feed_bytes` without awaiting, for a frame the gate lets through as it is (the
+        server's direct path, xiaozhi_site/ws_fastpath.py): True when the frame is dealt with,
+        False when it needs `feed_bytes` (a close or a protocol error to send), nothing done."""
+        if self._state is S.CLOSING:
+            return True
+        packet = self._gate.binary_now(data, self._version)
+        if packet is None:
+            return False
+        try:
+            self._audio(packet)
+        except Exception:
+            logger.exception("device session failed on a frame", extra={"session_id": self.session_id})
+            self._tasks.create(self._close(CloseCode.INTERNAL_ERROR, "internal error"), name="session-failed")
+        return True
+
+    def _audio(self, packet: AudioPacket) -> None:
+        # Audio is the user's turn while listening, and in realtime mode while speaking
+        # too; an unbound device hears its code and nothing it says is processed.
+        state, engine = self._state, self._engine
+        listening = state is S.LISTENING or (state is S.SPEAKING and self._mode == "realtime")
+        if listening and engine is not None and not self._code_only:
+            self.stats.audio_to_engine += 1
+            engine.on_audio(packet.payload, packet.timestamp)
+        else:
+            self.stats.audio_dropped_in += 1
 
     async def handle_command(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """A channel-layer command; returns the `device.mcp_result` event for mcp_call.

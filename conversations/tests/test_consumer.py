@@ -21,6 +21,7 @@ from django.http import HttpRequest
 from django.test import RequestFactory
 
 from conversations.consumers import DeviceConsumer
+from xiaozhi_site.ws_fastpath import BINARY_TAP, BinaryTap
 from conversations.models import Conversation
 from conversations.pipeline.states import MAX_PROTOCOL_ERRORS
 from conversations.routing import websocket_urlpatterns
@@ -255,6 +256,29 @@ async def test_invalid_opus_does_not_break_the_session(device: Device, sockets: 
     for _ in range(5):
         await communicator.send_to(bytes_data=b"\xff\xfe\xfd" * 20)
     await assert_alive(communicator)
+
+
+async def test_a_server_tap_gets_audio_once_nothing_is_ahead_and_is_let_go_at_disconnect(device: Device) -> None:
+    tap = BinaryTap()  # what daphne's scope carries (xiaozhi_site/ws_fastpath.py)
+    communicator = WebsocketCommunicator(APP, "/xiaozhi/v1/", headers=headers_for(device))
+    communicator.scope["extensions"] = {BINARY_TAP: tap}
+    assert (await communicator.connect())[0]
+    assert tap.sink is not None and not tap.sink(b"\x01")  # before the hello: left to the queue (4400)
+    await hello(communicator)
+    consumer = tap.sink.__self__
+    assert isinstance(consumer, DeviceConsumer) and consumer.session is not None
+    await communicator.send_to(text_data='{"session_id":"","type":"listen","state":"start","mode":"auto"}')
+    await assert_alive(communicator)  # the listen start was handled before the hello after it
+    session = consumer.session
+    assert tap.sink(b"\xf8\xff\xfe") and session.stats.audio_to_engine == 1
+    consumer._frames_in_hand = 1  # a socket message taken from the queue, its handler not done
+    assert not tap.sink(b"\xf8\xff\xfe")
+    consumer._frames_in_hand, consumer._dispatching = 0, True  # a handler running (awaiting)
+    assert not tap.sink(b"\xf8\xff\xfe")
+    consumer._dispatching = False
+    assert tap.sink(b"\xf8\xff\xfe") and session.stats.audio_to_engine == 2
+    await communicator.disconnect()
+    assert tap.sink is None
 
 
 async def test_mcp_replies_with_wrong_ids_are_dropped(device: Device, sockets: list) -> None:

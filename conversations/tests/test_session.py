@@ -419,6 +419,65 @@ async def test_a_flood_closes_with_4429(make_session: Factory) -> None:
     assert transport.closed == (CloseCode.FLOOD, "too many messages")
 
 
+# -- the server's direct path (feed_audio_now): the same outcome, or feed_bytes ------------
+
+
+async def test_audio_taken_at_once_reaches_the_engine_as_feed_bytes_would(make_session: Factory) -> None:
+    session, transport, _ = await connected(make_session, version=3)
+    assert session.feed_audio_now(encode_audio(b"\xf8\xff\xfe", 3))  # not listening: dropped and counted
+    assert engine(session).audio_frames == 0 and session.stats.audio_dropped_in == 1
+    await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"auto"'))
+    assert session.feed_audio_now(encode_audio(b"\xf8\xff\xfe", 3))
+    assert engine(session).audio_frames == 1 and transport.closed is None
+
+
+@pytest.mark.parametrize(("frame", "closed"), [
+    (b"\x00" * 101, (CloseCode.MESSAGE_TOO_LARGE, "binary frame too large")),
+    (b"\xf8\xff\xfe", None),  # v1 framing on a v3 socket: a protocol error to count
+])
+async def test_a_frame_needing_a_close_or_an_error_is_left_to_feed_bytes(
+        make_session: Factory, frame: bytes, closed: tuple[int, str] | None) -> None:
+    session, transport, _ = await connected(make_session, version=3, max_binary_bytes=100)
+    await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"auto"'))
+    assert not session.feed_audio_now(frame)
+    assert transport.closed is None and session.protocol_errors == 0  # nothing done yet
+    await session.feed_bytes(frame)
+    assert transport.closed == closed and session.protocol_errors == (0 if closed else 1)
+
+
+async def test_binary_before_hello_is_left_to_feed_bytes(make_session: Factory) -> None:
+    session, transport, _ = make_session()
+    assert not session.feed_audio_now(b"\x01\x02")
+    await session.feed_bytes(b"\x01\x02")
+    assert transport.closed == (CloseCode.PROTOCOL_ERROR, "binary before hello")
+    assert session.feed_audio_now(b"\x01\x02")  # closing: dropped, as feed_bytes drops it
+    assert len(transport.frames) == 0
+
+
+async def test_a_flood_through_the_direct_path_still_closes_with_4429(make_session: Factory) -> None:
+    session, transport, _ = await connected(make_session, max_messages_per_second=10)
+    taken = 0
+    while session.feed_audio_now(b"\x01"):
+        taken += 1
+    assert taken == 19  # the burst's 20 tokens (2 s at 10 a second) less the hello's, each spent once
+    await session.feed_bytes(b"\x01")
+    assert transport.closed == (CloseCode.FLOOD, "too many messages")
+
+
+async def test_an_engine_bug_on_audio_taken_at_once_closes_with_internal_error(make_session: Factory) -> None:
+    session, transport, _ = await connected(make_session)
+    await session.feed_text(device_json(session, '"type":"listen","state":"start","mode":"auto"'))
+
+    def broken(_payload: bytes, _timestamp: int = 0) -> None:
+        raise RuntimeError("engine bug")
+
+    engine(session).on_audio = broken  # type: ignore[method-assign]
+    assert session.feed_audio_now(b"\x01")
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert transport.closed == (CloseCode.INTERNAL_ERROR, "internal error")
+
+
 async def test_normal_audio_rate_is_not_a_flood(make_session: Factory) -> None:
     now = [0.0]
     bucket = TokenBucket(rate=20, burst=40, clock=lambda: now[0])

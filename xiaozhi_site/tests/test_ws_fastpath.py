@@ -170,3 +170,74 @@ def test_anything_else_takes_autobahns_own_path(data: bytes, overrides: dict[str
     connection = FakeConnection(**overrides)
     ws_fastpath.data_received(connection, data)
     assert connection.messages == [] and connection.parsed == [data]
+
+
+class Queue:
+    def __init__(self, items: int = 0) -> None:
+        self.items = items
+
+    def empty(self) -> bool:
+        return not self.items
+
+
+class Taker:
+    """A sink that takes every frame."""
+
+    def __init__(self) -> None:
+        self.taken: list[bytes] = []
+
+    def __call__(self, payload: bytes) -> bool:
+        self.taken.append(payload)
+        return True
+
+
+def tapped(sink: object, **overrides: object) -> FakeConnection:
+    tap = ws_fastpath.BinaryTap()
+    tap.sink = sink  # type: ignore[assignment]
+    return FakeConnection(**{"binary_tap": tap, "muted": False, "application_queue": Queue(), "last_ping": 0.0,
+                             **overrides})
+
+
+def test_a_whole_audio_frame_goes_to_the_taps_sink_when_nothing_is_queued_ahead() -> None:
+    sink = Taker()
+    connection = tapped(sink)
+    ws_fastpath.data_received(connection, frame(b"opus"))
+    assert sink.taken == [b"opus"] and connection.messages == []
+    assert connection.last_ping > 0  # daphne's sign of life, as its onMessage sets it
+    assert connection.trafficStats.incomingWebSocketMessages == 1
+
+
+@pytest.mark.parametrize("overrides", [{"application_queue": Queue(items=1)}, {"muted": True}])
+def test_a_frame_with_messages_queued_ahead_or_a_muted_socket_takes_the_queue(overrides: dict[str, object]) -> None:
+    sink = Taker()
+    connection = tapped(sink, **overrides)
+    ws_fastpath.data_received(connection, frame(b"opus"))
+    assert sink.taken == [] and connection.messages == [(b"opus", True)]
+
+
+def test_a_frame_the_sink_declines_or_fails_on_takes_the_queue() -> None:
+    def failing(_payload: bytes) -> bool:
+        raise RuntimeError("a bug in the application")
+
+    for sink in (lambda _payload: False, failing, None):
+        connection = tapped(sink)
+        ws_fastpath.data_received(connection, frame(b"opus"))
+        assert connection.messages == [(b"opus", True)]
+
+
+def test_daphne_gives_every_websocket_scope_a_tap_and_other_scopes_none() -> None:
+    from daphne.server import Server
+    from daphne.ws_protocol import WebSocketProtocol
+
+    ws_fastpath.install()
+    seen: list[dict[str, object]] = []
+    server = Server.__new__(Server)
+    create = ws_fastpath.create_application(lambda _server, _protocol, scope: seen.append(scope))
+    websocket_protocol, http_protocol = WebSocketProtocol(), object()
+    assert websocket_protocol.binary_tap is None  # until the application is made
+    create(server, websocket_protocol, {"type": "websocket", "extensions": {"other": {}}})
+    create(server, http_protocol, {"type": "http"})
+    extensions = seen[0]["extensions"]
+    assert isinstance(extensions, dict) and extensions[ws_fastpath.BINARY_TAP] is websocket_protocol.binary_tap
+    assert "other" in extensions and "extensions" not in seen[1]
+    assert getattr(Server.create_application, "tapping", False)
