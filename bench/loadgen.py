@@ -351,7 +351,13 @@ class Microphones:
     until the next frame due, then writes every due device's frame (`write_packet`: one
     socket write each). The frames are the same bytes on the same absolute clock."""
 
+    # At most one round of sends per `grain_s`: the frames due meanwhile go together, up to
+    # this late (a device's own send timing varies more). Waking for every frame due (~0.2 ms
+    # apart at 300 devices) spent half this generator's CPU in the event loop's polling.
+    grain_s = 0.004
+
     def __init__(self) -> None:
+        self._woke = 0.0  # loop time of the last round of sends
         self._due: list[tuple[float, int, _Mic]] = []  # a heap: (when, tie-break, microphone)
         self._order = itertools.count()
         self._alarm: asyncio.Future[None] | None = None
@@ -390,9 +396,9 @@ class Microphones:
                 await self._sleep(None)
                 continue
             if self._due[0][0] > loop.time():
-                await self._sleep(self._due[0][0])
+                await self._sleep(max(self._due[0][0], self._woke + self.grain_s))
                 continue
-            now = loop.time()
+            now = self._woke = loop.time()
             while self._due and self._due[0][0] <= now:
                 when, order, mic = heapq.heappop(self._due)
                 if self._send(mic, when, now):
