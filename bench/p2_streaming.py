@@ -7,7 +7,8 @@ decoded and VAD-checked within 60 ms of arrival (p99), none dropped. Target: N â
 
 For each N, a fresh server (daphne, same fresh SQLite database; `--workers N` workers on one
 port linked by Redis, `--servers` one run per ASGI server) and N light devices
-(bench/loadgen.py: firmware handshake, hello, MCP answers; no per-device threads) that send
+(bench/loadgen.py: firmware handshake, hello, MCP answers; no per-device threads; one clock task,
+`Microphones`, writes every device's frames) that send
 `listen start` (auto), at random moments over the first 2 s, and then stream a pre-encoded
 loop of real espeak sentences and pauses (about 60% speech) on an absolute 60 ms clock, each
 device from a random point of the loop and a random phase, for `--duration` seconds.

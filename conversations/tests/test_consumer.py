@@ -21,7 +21,6 @@ from django.http import HttpRequest
 from django.test import RequestFactory
 
 from conversations.consumers import DeviceConsumer
-from xiaozhi_site.ws_fastpath import BINARY_TAP, BinaryTap
 from conversations.models import Conversation
 from conversations.pipeline.states import MAX_PROTOCOL_ERRORS
 from conversations.routing import websocket_urlpatterns
@@ -40,6 +39,7 @@ from devices.services import device_token_issue
 from devices.tests.factories import BoundDeviceFactory, DeviceFactory
 from devices.vision import vision_token_issue
 from simulator.mcp_server import DeviceMcpServer
+from xiaozhi_site.ws_fastpath import BINARY_TAP, BinaryTap
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
