@@ -14,9 +14,11 @@ import functools
 import heapq
 import itertools
 import json
+import math
 import os
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,20 +187,10 @@ class LightDevice:
         assert self.ws is not None
         await self.ws.send(self._message(f'"type":"listen","state":"start","mode":"{mode}"'))
 
-    async def send_packet(self, packet: bytes) -> bool:
-        """One uplink frame (protocol v1: the bare Opus packet); False once the socket is gone."""
-        if self.ws is None or self.closed.is_set():
-            return False
-        try:
-            await self.ws.send(packet)
-        except ConnectionClosed:
-            return False
-        self.sent += 1
-        return True
-
     def write_packet(self, packet: bytes) -> bool:
-        """One uplink frame written to the socket at once, as `Microphones` sends it (not
-        through websockets' send: no lock, frame object or awaiting); False once it is gone."""
+        """One uplink frame (protocol v1: the bare Opus packet) written to the socket at once, as
+        `Microphones` sends it (not through websockets' send: no lock, frame object or
+        awaiting); False once the socket is gone."""
         transport = self.ws.transport if self.ws is not None else None
         if transport is None or self.closed.is_set() or transport.is_closing():
             return False
@@ -207,36 +199,23 @@ class LightDevice:
         return True
 
     async def stream(self, packets: list[bytes] | tuple[bytes, ...], start: float) -> float:
-        """Send packets on the absolute clock start + n x 60 ms (loop time); returns the loop
-        time at which the last one was sent."""
-        loop = asyncio.get_running_loop()
-        sent_at = start
-        for index, packet in enumerate(packets):
-            delay = start + index * FRAME_S - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if not await self.send_packet(packet):
-                break
-            sent_at = loop.time()
-        return sent_at
+        """Send packets on the absolute clock start + n x 60 ms (loop time; `Microphones`);
+        returns the loop time at which the last one was sent."""
+        mic = Microphones.shared().start(self, packets, start, start + (len(packets) - 0.5) * FRAME_S)
+        await mic.done
+        return mic.last_sent or start
 
     async def stream_until(self, packets: list[bytes] | tuple[bytes, ...], start: float, stop: asyncio.Event) -> int:
         """Keep the mic streaming on the 60 ms clock until `stop` is set: `packets`, then the
         last of them again and again (DTX silence). Returns the number sent."""
-        loop = asyncio.get_running_loop()
-        index = 0
-        while not stop.is_set() and not self.closed.is_set():
-            delay = start + index * FRAME_S - loop.time()
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(stop.wait(), delay)
-                    break
-                except TimeoutError:
-                    pass
-            if not await self.send_packet(packets[min(index, len(packets) - 1)]):
-                break
-            index += 1
-        return index
+        mic = Microphones.shared().start(self, packets, start, math.inf, hold_last=True)
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((stopping, mic.done), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            mic.stop()
+        return mic.index
 
     # -- server → device ----------------------------------------------------------------------
 
@@ -332,14 +311,23 @@ def client_frame(payload: bytes) -> bytes:
 
 
 @dataclass
-class _Mic:
+class Microphone:
+    """One device's stream on a `Microphones` clock."""
+
     device: LightDevice
     packets: Sequence[bytes]
     offset: int
     end: float
     late: list[float] | None  # lateness samples (ms), if wanted
-    done: asyncio.Future[int]
-    index: int = 0
+    done: asyncio.Future[int]  # the number sent, once the stream is over
+    hold_last: bool = False  # after the packets, the last one again and again (DTX silence)
+    index: int = 0  # packets sent
+    last_sent: float = 0.0  # loop time of the last one
+
+    def stop(self) -> None:
+        """End the stream now (nothing more is sent)."""
+        if not self.done.done():
+            self.done.set_result(self.index)
 
 
 class Microphones:
@@ -349,52 +337,71 @@ class Microphones:
     a fresh mask) cost this generator ~80 µs of CPU a frame on the Zen 3 machine: ~40 % of a
     core at 300 devices, on the two cores it shares with the server (P2). Here one task sleeps
     until the next frame due, then writes every due device's frame (`write_packet`: one
-    socket write each). The frames are the same bytes on the same absolute clock."""
+    socket write each). The frames are the same bytes on the same absolute clock. P2 makes its
+    own; `LightDevice.stream` and `stream_until` (a turn in P1 and P5) share the loop's."""
 
     # At most one round of sends per `grain_s`: the frames due meanwhile go together, up to
     # this late (a device's own send timing varies more). Waking for every frame due (~0.2 ms
     # apart at 300 devices) spent half this generator's CPU in the event loop's polling.
     grain_s = 0.004
+    _shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Microphones] = weakref.WeakKeyDictionary()
 
     def __init__(self) -> None:
         self._woke = 0.0  # loop time of the last round of sends
-        self._due: list[tuple[float, int, _Mic]] = []  # a heap: (when, tie-break, microphone)
+        self._due: list[tuple[float, int, Microphone]] = []  # a heap: (when, tie-break, microphone)
         self._order = itertools.count()
         self._alarm: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def shared(cls) -> Microphones:
+        """The running loop's clock, for `LightDevice.stream` and `stream_until` (its task
+        ends whenever no stream is left)."""
+        loop = asyncio.get_running_loop()
+        if loop not in cls._shared:
+            cls._shared[loop] = cls()
+        return cls._shared[loop]
 
     def stream(self, device: LightDevice, packets: Sequence[bytes], start: float, end: float, *,
                offset: int = 0, late: list[float] | None = None) -> asyncio.Future[int]:
         """Send packets[offset], packets[offset + 1], … (round the loop) at start + n × 60 ms
         (loop time) until `end` or the socket goes; the future gives the number sent."""
+        return self.start(device, packets, start, end, offset=offset, late=late).done
+
+    def start(self, device: LightDevice, packets: Sequence[bytes], start: float, end: float, *,
+              offset: int = 0, late: list[float] | None = None, hold_last: bool = False) -> Microphone:
+        """`stream`, as a handle that can also be stopped; `hold_last`: after the packets, the
+        last one again until `end` (instead of round the loop)."""
         loop = asyncio.get_running_loop()
-        mic = _Mic(device, packets, offset, end, late, loop.create_future())
+        mic = Microphone(device, packets, offset, end, late, loop.create_future(), hold_last)
         earliest = self._due[0][0] if self._due else None
         heapq.heappush(self._due, (start, next(self._order), mic))
         if self._task is None:
             self._task = loop.create_task(self._run())
         elif earliest is None or start < earliest:
             self._ring()
-        return mic.done
+        return mic
 
     async def aclose(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         for _when, _order, mic in self._due:
-            if not mic.done.done():
-                mic.done.set_result(mic.index)
+            mic.stop()
 
     def _ring(self) -> None:
         if self._alarm is not None and not self._alarm.done():
             self._alarm.set_result(None)
 
     async def _run(self) -> None:
+        try:
+            await self._send_until_none_left()
+        finally:
+            self._task = None
+
+    async def _send_until_none_left(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            if not self._due:
-                await self._sleep(None)
-                continue
+        while self._due:
             if self._due[0][0] > loop.time():
                 await self._sleep(max(self._due[0][0], self._woke + self.grain_s))
                 continue
@@ -404,26 +411,29 @@ class Microphones:
                 if self._send(mic, when, now):
                     heapq.heappush(self._due, (when + FRAME_S, order, mic))
 
-    async def _sleep(self, until: float | None) -> None:
+    async def _sleep(self, until: float) -> None:
         loop = asyncio.get_running_loop()
         self._alarm = loop.create_future()
-        timer = loop.call_at(until, self._ring) if until is not None else None
+        timer = loop.call_at(until, self._ring)
         try:
             await self._alarm
         finally:
-            if timer is not None:
-                timer.cancel()
+            timer.cancel()
 
     @staticmethod
-    def _send(mic: _Mic, when: float, now: float) -> bool:
+    def _send(mic: Microphone, when: float, now: float) -> bool:
         """One frame of `mic`; False when its stream is over."""
-        packets = mic.packets
-        if when >= mic.end or not mic.device.write_packet(packets[(mic.offset + mic.index) % len(packets)]):
-            mic.done.set_result(mic.index)
+        if mic.done.done():  # stopped
+            return False
+        packets, index = mic.packets, mic.offset + mic.index
+        packet = packets[min(index, len(packets) - 1)] if mic.hold_last else packets[index % len(packets)]
+        if when >= mic.end or not mic.device.write_packet(packet):
+            mic.stop()
             return False
         if mic.late is not None:
             mic.late.append((now - when) * 1000)
         mic.index += 1
+        mic.last_sent = now
         return True
 
 

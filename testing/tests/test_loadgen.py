@@ -71,3 +71,30 @@ async def test_a_microphone_stops_when_its_device_is_gone() -> None:
         async with asyncio.timeout(10):  # a guard only: the stream ends at its first frame
             assert await mics.stream(device, [b"\x01"], loop.time(), loop.time() + 60) == 0
         await mics.aclose()
+
+
+async def test_a_turns_speech_then_its_held_silence_until_stopped_as_talk_sends_them() -> None:
+    heard: list[bytes] = []
+
+    async def record(connection: ServerConnection) -> None:
+        async for message in connection:
+            heard.append(bytes(message))
+
+    speech, silence = [b"s1" * 40, b"s2" * 40, b"s3" * 40], [b"t1", b"t2"]
+    async with serve(record, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        device = LightDevice(f"ws://127.0.0.1:{port}/xiaozhi/v1/", "02:00:00:00:00:01", mcp=False)
+        await device.connect()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        last_speech = await device.stream(speech, start)
+        assert last_speech >= start + 2 * 0.06  # the third packet's time on the clock
+        stop = asyncio.Event()
+        mic = asyncio.create_task(device.stream_until(silence, start + 3 * 0.06, stop))
+        await asyncio.sleep(0.5)
+        stop.set()
+        sent = await mic
+        await asyncio.sleep(0.1)
+        await device.close()
+    assert sent >= 4 and device.sent == 3 + sent
+    assert heard == speech + silence + [silence[-1]] * (sent - 2)  # then the last again, no wrap
