@@ -143,6 +143,7 @@ class CpuMill:
         self._executor = executor
         self._max_inflight = max(1, max_inflight)
         self._inflight = 0
+        self._inflight_loop: asyncio.AbstractEventLoop | None = None  # the loop those groups report to
         self._pending: list[_Pending] = []
         self._last_group = 0  # jobs in the group started last: the load
         self._gather_until = 0.0  # loop time the gathering group starts at (0: none)
@@ -221,6 +222,9 @@ class CpuMill:
         return False
 
     def _start_groups(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._inflight_loop:  # groups in flight for a loop that is gone never report
+            self._inflight, self._inflight_loop = 0, loop  # back (a mill outlives a test's loop)
         while self._pending and self._inflight < self._max_inflight:
             if self._gathering():
                 return
@@ -232,7 +236,7 @@ class CpuMill:
             if not group:
                 return
             try:
-                done = asyncio.get_running_loop().run_in_executor(self._executor, _run_group, group)
+                done = loop.run_in_executor(self._executor, _run_group, group)
             except RuntimeError as exc:  # the pool was shut down (process exit, tests)
                 self._hand_over(group, [(None, exc)] * len(group))
                 return

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -147,6 +148,29 @@ async def test_a_shut_down_pool_fails_a_sinks_job_too() -> None:
     sink = Sink()
     CpuMill(pool, max_inflight=1).submit(Doubler(), 1, sink)
     assert len(sink.got) == 1 and isinstance(sink.got[0][1], RuntimeError)
+
+
+def test_groups_left_in_flight_by_a_closed_loop_do_not_block_the_next_loops() -> None:
+    pool = ThreadPoolExecutor(2)
+    mill = CpuMill(pool, max_inflight=2)
+    release, finished = threading.Event(), threading.Semaphore(0)
+
+    def slow_job() -> None:
+        release.wait()
+        finished.release()
+
+    async def leave_groups_running() -> None:  # a test that ends while its jobs still run
+        mill.run(slow_job)
+        mill.run(slow_job)
+
+    async def next_job() -> int:  # a guard only: the job runs at once unless the mill waits
+        return await asyncio.wait_for(mill.run(lambda: 42), 10)
+
+    asyncio.run(leave_groups_running())
+    release.set()  # both groups end in their threads; their outcomes cannot reach the closed loop
+    assert finished.acquire(timeout=10) and finished.acquire(timeout=10)
+    assert asyncio.run(next_job()) == 42
+    pool.shutdown()
 
 
 def test_a_process_making_its_pools_keeps_numpys_blas_to_one_thread() -> None:
