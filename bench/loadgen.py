@@ -15,7 +15,6 @@ import heapq
 import itertools
 import json
 import math
-import os
 import time
 import uuid
 import weakref
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 
 from simulator import transport
 from simulator.mcp_server import DeviceMcpServer
@@ -294,20 +294,10 @@ class LightDevice:
 
 @functools.lru_cache(maxsize=4096)
 def client_frame(payload: bytes) -> bytes:
-    """A device's binary frame for `payload` (RFC 6455 §5.2: FIN, opcode 2, masked). Built once
+    """A device's binary frame for `payload` (FIN, opcode 2, masked), built by websockets once
     per distinct packet: the benchmarks replay a few hundred pre-encoded packets, so each keeps
     the random mask it was first given (a load generator need not hide from proxies)."""
-    size = len(payload)
-    if size < 126:
-        head = bytes((0x82, 0x80 | size))
-    elif size < 1 << 16:
-        head = bytes((0x82, 0x80 | 126)) + size.to_bytes(2, "big")
-    else:
-        head = bytes((0x82, 0x80 | 127)) + size.to_bytes(8, "big")
-    mask = os.urandom(4)
-    key = (mask * (size // 4 + 1))[:size]
-    masked = (int.from_bytes(payload, "little") ^ int.from_bytes(key, "little")).to_bytes(size, "little")
-    return head + mask + masked
+    return Frame(Opcode.BINARY, payload).serialize(mask=True)
 
 
 @dataclass
@@ -362,16 +352,11 @@ class Microphones:
             cls._shared[loop] = cls()
         return cls._shared[loop]
 
-    def stream(self, device: LightDevice, packets: Sequence[bytes], start: float, end: float, *,
-               offset: int = 0, late: list[float] | None = None) -> asyncio.Future[int]:
-        """Send packets[offset], packets[offset + 1], … (round the loop) at start + n × 60 ms
-        (loop time) until `end` or the socket goes; the future gives the number sent."""
-        return self.start(device, packets, start, end, offset=offset, late=late).done
-
     def start(self, device: LightDevice, packets: Sequence[bytes], start: float, end: float, *,
               offset: int = 0, late: list[float] | None = None, hold_last: bool = False) -> Microphone:
-        """`stream`, as a handle that can also be stopped; `hold_last`: after the packets, the
-        last one again until `end` (instead of round the loop)."""
+        """Send packets[offset], packets[offset + 1], … (round the loop; `hold_last`: the last
+        one again) at start + n × 60 ms (loop time) until `end`, the socket goes or the handle
+        is stopped; its `done` gives the number sent."""
         loop = asyncio.get_running_loop()
         mic = Microphone(device, packets, offset, end, late, loop.create_future(), hold_last)
         earliest = self._due[0][0] if self._due else None

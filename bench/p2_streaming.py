@@ -139,7 +139,7 @@ async def stream(device: LightDevice, mics: Microphones, packets: list[bytes], o
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start - 0.05 - loop.time()))
     await device.listen_start("auto")
-    await mics.stream(device, packets, start, end, offset=offset, late=step.late_ms if sample else None)
+    await mics.start(device, packets, start, end, offset=offset, late=step.late_ms if sample else None).done
 
 
 async def probe(url: str, step: Step, end: float) -> None:

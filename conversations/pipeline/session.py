@@ -210,8 +210,7 @@ class VoiceSession:
         try:
             self._audio(packet)
         except Exception:
-            logger.exception("device session failed on a frame", extra={"session_id": self.session_id})
-            self._tasks.create(self._close(CloseCode.INTERNAL_ERROR, "internal error"), name="session-failed")
+            self._tasks.create(self._failed(), name="session-failed")
         return True
 
     def _audio(self, packet: AudioPacket) -> None:
@@ -264,11 +263,12 @@ class VoiceSession:
         except Exception:
             await self._failed()
 
-    async def _failed(self) -> None:
-        # A bug, not bad input (bad input never raises here): close instead of leaving a
-        # half-working session behind.
+    def _failed(self) -> Coroutine[Any, Any, None]:
+        """Log the exception being handled and return the close that follows (awaited, or run
+        as a task where the caller cannot await). A bug, not bad input (bad input never raises
+        here): close instead of leaving a half-working session behind."""
         logger.exception("device session failed on a frame", extra={"session_id": self.session_id})
-        await self._close(CloseCode.INTERNAL_ERROR, "internal error")
+        return self._close(CloseCode.INTERNAL_ERROR, "internal error")
 
     async def _feed_text(self, text: str) -> None:
         message = await self._gate.text(text)

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from websockets.asyncio.server import ServerConnection, serve
@@ -12,7 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from loadgen import LightDevice, Microphones
 
 
-async def test_a_device_refused_with_a_close_frame_records_the_code_and_reason() -> None:
+@contextlib.asynccontextmanager
+async def refused_device() -> AsyncIterator[LightDevice]:
+    """A device whose server closes the socket at once with 1013, once the close arrived."""
     async def refuse(connection: ServerConnection) -> None:
         await connection.close(1013, "server full")
 
@@ -22,8 +26,13 @@ async def test_a_device_refused_with_a_close_frame_records_the_code_and_reason()
         await device.connect()
         async with asyncio.timeout(10):  # a guard only: `closed` is set as the close frame arrives
             await device.closed.wait()
-    assert (device.close_code, device.close_reason) == (1013, "server full")
-    assert device.errors == []
+        yield device
+
+
+async def test_a_device_refused_with_a_close_frame_records_the_code_and_reason() -> None:
+    async with refused_device() as device:
+        assert (device.close_code, device.close_reason) == (1013, "server full")
+        assert device.errors == []
 
 
 async def test_the_microphones_send_each_devices_packets_in_order_on_its_clock_until_the_end() -> None:
@@ -43,8 +52,8 @@ async def test_the_microphones_send_each_devices_packets_in_order_on_its_clock_u
             await device.connect()
         mics, loop = Microphones(), asyncio.get_running_loop()
         start = loop.time() + 0.05
-        sent = await asyncio.gather(mics.stream(devices[0], packets, start, start + 0.5),
-                                    mics.stream(devices[1], packets, start + 0.03, start + 0.25, offset=2))
+        sent = await asyncio.gather(mics.start(devices[0], packets, start, start + 0.5).done,
+                                    mics.start(devices[1], packets, start + 0.03, start + 0.25, offset=2).done)
         await mics.aclose()
         await asyncio.sleep(0.1)
         for device in devices:
@@ -58,18 +67,11 @@ async def test_the_microphones_send_each_devices_packets_in_order_on_its_clock_u
 
 
 async def test_a_microphone_stops_when_its_device_is_gone() -> None:
-    async def refuse(connection: ServerConnection) -> None:
-        await connection.close(1013, "server full")
-
-    async with serve(refuse, "127.0.0.1", 0) as server:
-        port = server.sockets[0].getsockname()[1]
-        device = LightDevice(f"ws://127.0.0.1:{port}/xiaozhi/v1/", "02:00:00:00:00:01", mcp=False)
-        await device.connect()
-        await device.closed.wait()
+    async with refused_device() as device:
         mics = Microphones()
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(10):  # a guard only: the stream ends at its first frame
-            assert await mics.stream(device, [b"\x01"], loop.time(), loop.time() + 60) == 0
+            assert await mics.start(device, [b"\x01"], loop.time(), loop.time() + 60).done == 0
         await mics.aclose()
 
 
