@@ -10,6 +10,7 @@ Tiers:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 from collections.abc import Callable, Generator, Iterator
@@ -78,9 +79,37 @@ def _redis_database_of_this_worker() -> None:
     settings.REDIS_URL = url
 
 
+def _celery_folder_of_this_process() -> None:
+    """Without Redis, Celery's queue and results are files under one folder, and every worker
+    polling it takes whatever message comes first. Two test processes (or `make run` in the
+    same checkout) sharing it run each other's jobs against the wrong database: a sweep sent by
+    one test process was taken by the other's worker and answered 0. Each test process gets a
+    folder of its own, in the settings and the environment its Celery workers inherit."""
+    import shutil
+    import tempfile
+
+    from django.conf import settings
+
+    if not settings.CELERY_BROKER_URL.startswith("filesystem://"):
+        return
+    old, new = str(settings.CELERY_DIR), tempfile.mkdtemp(prefix="xiaozhi-celery-")
+    options: dict[str, Any] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    for key, value in options.items():
+        if isinstance(value, str) and value.startswith(old):
+            options[key] = new + value[len(old):]
+            Path(options[key]).mkdir(parents=True, exist_ok=True)
+    if settings.CELERY_RESULT_BACKEND.startswith(f"file://{old}"):
+        settings.CELERY_RESULT_BACKEND = settings.CELERY_RESULT_BACKEND.replace(old, new, 1)
+        Path(settings.CELERY_RESULT_BACKEND.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    settings.CELERY_DIR = Path(new)
+    os.environ["XIAOZHI_CELERY_DIR"] = new
+    atexit.register(shutil.rmtree, new, ignore_errors=True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _compile_translations()
     _redis_database_of_this_worker()
+    _celery_folder_of_this_process()
     if not INTEGRATION:
         return
     from django.conf import settings

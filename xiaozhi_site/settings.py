@@ -145,7 +145,9 @@ if REDIS_URL:
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
-CELERY_DIR = DATA_DIR / "celery"
+# Where the filesystem broker (no REDIS_URL) keeps its queue and results. Every process that
+# shares this folder shares one queue: a test process takes its own (conftest.py).
+CELERY_DIR = Path(envstr("XIAOZHI_CELERY_DIR", str(DATA_DIR / "celery")))
 _default_broker = REDIS_URL or "filesystem://"
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", _default_broker)
 CELERY_RESULT_BACKEND = envstr(

@@ -40,3 +40,19 @@ def test_the_integration_tier_runs_celery_on_redis() -> None:
 
     assert app.conf.broker_url.startswith("redis://")
     assert str(app.conf.result_backend).startswith("redis://")
+
+
+def test_each_test_process_has_a_celery_folder_of_its_own() -> None:
+    """Workers of two test processes polling one folder ran each other's jobs (conftest.py)."""
+    import os
+
+    from django.conf import settings
+
+    if not settings.CELERY_BROKER_URL.startswith("filesystem://"):
+        pytest.skip("the broker is not the filesystem")
+    own = Path(os.environ["XIAOZHI_CELERY_DIR"])
+    assert own == settings.CELERY_DIR and own != settings.DATA_DIR / "celery"
+    folders = [Path(v) for k, v in settings.CELERY_BROKER_TRANSPORT_OPTIONS.items() if k.endswith("folder")
+               or k.startswith("data_folder")]
+    assert len(folders) == 4 and all(f.is_relative_to(own) and f.is_dir() for f in folders)
+    assert settings.CELERY_RESULT_BACKEND == f"file://{own / 'results'}"
