@@ -18,8 +18,13 @@ packets of every device and the event loop stops answering pings (docs/performan
   `RECOVER_SECONDS`. One slow moment (a model loading, a full garbage collection) is not
   overload.
 
-A refusal costs one accept and one close frame, and nothing else on the loop: no database,
-no session. The watcher is one timer per process, started by the first device socket.
+A refusal touches no database and makes no session: what it costs is the WebSocket handshake,
+the consumer, one accept and one close frame (~1.6 ms of event-loop CPU on session 32's
+machine, docs/performance.md). An admitted device costs far more while it arrives (~8 ms of
+CPU for its connect, hello and MCP handshake), so a worker whose limit is its full P2
+capacity has no room left for the arrivals themselves: set the limit below it (the overload
+benchmark finds where). The watcher is one timer per process, started by the first device
+socket.
 """
 from __future__ import annotations
 
