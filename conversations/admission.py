@@ -18,22 +18,25 @@ packets of every device and the event loop stops answering pings (docs/performan
   `RECOVER_SECONDS`. One slow moment (a model loading, a full garbage collection) is not
   overload.
 
-A refusal touches no database and makes no session: what it costs is the WebSocket handshake,
-the consumer, one accept and one close frame (~1.6 ms of event-loop CPU on session 32's
-machine, docs/performance.md). An admitted device costs far more while it arrives (~8 ms of
-CPU for its connect, hello and MCP handshake), so a worker whose limit is its full P2
-capacity has no room left for the arrivals themselves: set the limit below it (the overload
-benchmark finds where). The watcher is one timer per process, started by the first device
-socket.
+A refusal touches no database and makes no session. Under daphne it is decided before any
+consumer is made (`refusal_before_application`, the server's gate in xiaozhi_site/
+ws_fastpath.py): what is left is the WebSocket handshake, one accept and one close frame.
+Through a consumer a refusal cost ~1.6 ms of event-loop CPU on session 32's machine
+(docs/performance.md). An admitted device costs far more while it arrives (~8 ms of CPU for
+its connect, hello and MCP handshake), so a worker whose limit is its full P2 capacity has no
+room left for the arrivals themselves: set the limit below it (the overload benchmark finds
+where). The watcher is one timer per process, started by the first device socket.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from devices.protocol.close_codes import CloseCode
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +92,9 @@ class Admission:
             return "server busy: overloaded"
         return None
 
-    def admit(self, socket: HoldsPlace | None = None) -> str | None:
-        """Take a place for a new device socket; returns the refusal reason instead if full.
-        The socket, once admitted, is counted until it says it holds no place."""
+    def turn_away(self) -> str | None:
+        """Why a new device socket is refused right now (counted, and logged once per burst),
+        or None: it may go on to `admit`."""
         self.ensure_watching()
         reason = self.refusal(_loop_time())
         if reason is not None:
@@ -100,6 +103,13 @@ class Admission:
                 logger.warning("device refused: over capacity", extra={
                     "reason": reason, "refused": self.refused, "streaming": self.streaming,
                     "lag_ms": round(self.lag_ms, 1)})
+        return reason
+
+    def admit(self, socket: HoldsPlace | None = None) -> str | None:
+        """Take a place for a new device socket; returns the refusal reason instead if full.
+        The socket, once admitted, is counted until it says it holds no place."""
+        reason = self.turn_away()
+        if reason is not None:
             return reason
         self.admitted_since_count += 1
         if socket is not None and self.limits.max_streaming:  # only a streaming limit counts them
@@ -151,6 +161,21 @@ class Admission:
             tick += 1
             if self.limits.max_streaming and tick % COUNT_EVERY_TICKS == 0:
                 self.observe_streaming(self._count_streaming())
+
+
+# The device route's paths (conversations/routing.py serves both, gotcha 13).
+DEVICE_PATHS = frozenset({"/xiaozhi/v1/", "/xiaozhi/v1"})
+
+
+def refusal_before_application(scope: Mapping[str, Any]) -> tuple[int, str] | None:
+    """The server's gate (xiaozhi_site/ws_fastpath.py `set_gate`): a device socket arriving past
+    capacity is closed with 1013 before any consumer is made for it, which is most of what a
+    refusal cost (docs/performance.md, session 32). The consumer asks `admit` again: under
+    another server, and for the sockets let through here."""
+    if scope.get("path") not in DEVICE_PATHS:
+        return None
+    reason = admission().turn_away()
+    return None if reason is None else (CloseCode.TRY_AGAIN_LATER, reason)
 
 
 def _nothing() -> None:

@@ -19,7 +19,10 @@ daphne_limits.install(daphne_limits.limits_from_settings())  # timeouts and size
 ws_fastpath.install()  # autobahn's per-frame unmasking and debug line, made cheap (issue 17)
 tcp_write.install()  # a write with nothing queued goes to the socket at once, not a loop turn later
 
+from conversations.admission import refusal_before_application  # noqa: E402
 from conversations.routing import websocket_urlpatterns  # noqa: E402
+
+ws_fastpath.set_gate(refusal_before_application)  # devices past capacity: 1013 before any consumer
 
 application = ProtocolTypeRouter(
     {

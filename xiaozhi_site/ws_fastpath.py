@@ -33,15 +33,24 @@ the Zen 3 machine). Each WebSocket scope now carries a `BinaryTap` (the ASGI ext
 `BINARY_TAP`); a consumer that sets its `sink` gets such frames by a plain call as they are
 read, while nothing is queued ahead of them, and may decline one (False: it takes the queue).
 
+A refusal without an application. A device refused past capacity (1013) went through a whole
+consumer first: an application instance and its task, a channel name, Channels' dispatch, the
+accept and close messages, the disconnect: ~1.6 ms of the event loop each, 13 % of a core
+for the 80 refusals a second of the overload benchmark (docs/performance.md, session 32). A
+gate (`set_gate`; xiaozhi_site.asgi sets conversations.admission's) sees each WebSocket scope
+first; when it answers (code, reason), the handshake is accepted and closed with them at once,
+and daphne gets a queue nobody reads instead of an application.
+
 `install()` swaps them all; idempotent, applied by xiaozhi_site.asgi with the other daphne
 patches.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import pprint
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -209,11 +218,43 @@ def _tapped(self: Any, payload: bytes) -> bool:
         return False
 
 
+Gate = Callable[[Mapping[str, Any]], "tuple[int, str] | None"]
+_gate: Gate | None = None
+
+
+def set_gate(gate: Gate | None) -> None:
+    """Who may refuse a WebSocket before an application is made for it: the gate answers a
+    scope with (close code, reason), or None to let it through."""
+    global _gate
+    _gate = gate
+
+
+def refuse_without_application(server: Any, protocol: Any, code: int, reason: str) -> asyncio.Queue[Any]:
+    """Accept the handshake and close it with `code` and `reason`, as the application would
+    have, without making one. daphne puts its connect (and later disconnect) message on the
+    queue returned, which nobody reads; with no application instance it forgets the
+    connection once it is closed."""
+
+    def close() -> None:  # after onConnect, which sets up the handshake this completes
+        details = server.connections.get(protocol)
+        if details is None or details.get("disconnected"):
+            return  # the client left first
+        protocol.handle_reply({"type": "websocket.accept"})
+        protocol.handle_reply({"type": "websocket.close", "code": code, "reason": reason})
+
+    asyncio.get_running_loop().call_soon(close)
+    return asyncio.Queue()
+
+
 def create_application(original: Callable[..., Any]) -> Callable[..., Any]:
-    """daphne's `Server.create_application`, giving each WebSocket scope its `BinaryTap`."""
+    """daphne's `Server.create_application`, asking the gate first and giving each WebSocket
+    scope its `BinaryTap`."""
 
     def create(server: Any, protocol: Any, scope: dict[str, Any]) -> Any:
         if scope.get("type") == "websocket":
+            refusal = _gate(scope) if _gate is not None else None
+            if refusal is not None:
+                return refuse_without_application(server, protocol, *refusal)
             protocol.binary_tap = BinaryTap()
             scope["extensions"] = {**(scope.get("extensions") or {}), BINARY_TAP: protocol.binary_tap}
         return original(server, protocol, scope)

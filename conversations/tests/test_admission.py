@@ -181,3 +181,22 @@ async def test_a_device_admitted_but_not_listening_yet_holds_its_place_when_coun
     gate.observe_streaming(count())
     assert gate.streaming == 1  # the listening device; the one that never listened gave its place back
     await session_of(third, sockets)
+
+
+async def test_the_servers_gate_refuses_device_sockets_past_capacity_and_nothing_else(settings: Any) -> None:
+    settings.XIAOZHI_MAX_STREAMING_SESSIONS = 1
+    gate = admission_module.admission()
+    device, gateway = {"type": "websocket", "path": "/xiaozhi/v1/"}, {"type": "websocket", "path": "/llm/v1"}
+    assert admission_module.refusal_before_application(device) is None  # room: the consumer admits it
+    assert gate.admit() is None
+    for path in admission_module.DEVICE_PATHS:
+        assert admission_module.refusal_before_application({**device, "path": path}) == (
+            CloseCode.TRY_AGAIN_LATER, "server busy: streaming capacity reached")
+    assert admission_module.refusal_before_application(gateway) is None  # the gateway has limits of its own
+    assert gate.refused == 2 and gate.admitted_since_count == 1
+
+
+def test_the_gates_paths_are_the_device_routes() -> None:
+    device_route = next(route for route in websocket_urlpatterns if getattr(route, "name", "") == "device-ws")
+    for path in admission_module.DEVICE_PATHS:
+        assert device_route.pattern.match(path.lstrip("/"))  # type: ignore[union-attr]

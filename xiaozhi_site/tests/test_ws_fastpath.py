@@ -2,8 +2,11 @@
 received bytes reach autobahn's frame parser as before."""
 from __future__ import annotations
 
+import asyncio
 import os
 import pprint
+from collections.abc import Iterator, Mapping
+from types import SimpleNamespace
 
 import pytest
 from autobahn import util
@@ -241,3 +244,58 @@ def test_daphne_gives_every_websocket_scope_a_tap_and_other_scopes_none() -> Non
     assert isinstance(extensions, dict) and extensions[ws_fastpath.BINARY_TAP] is websocket_protocol.binary_tap
     assert "other" in extensions and "extensions" not in seen[1]
     assert getattr(Server.create_application, "tapping", False)
+
+
+class ReplyRecorder:
+    """daphne's WebSocketProtocol as the gate's refusal sees it: replies are recorded."""
+
+    def __init__(self) -> None:
+        self.replies: list[dict[str, object]] = []
+
+    def handle_reply(self, message: dict[str, object]) -> None:
+        self.replies.append(message)
+
+
+@pytest.fixture
+def gate() -> Iterator[list[dict[str, object]]]:
+    """A gate refusing scopes whose path is /busy with 1013; the scopes it saw."""
+    seen: list[dict[str, object]] = []
+
+    def refuse_busy(scope: Mapping[str, object]) -> tuple[int, str] | None:
+        seen.append(dict(scope))
+        return (1013, "server busy") if scope.get("path") == "/busy" else None
+
+    ws_fastpath.set_gate(refuse_busy)
+    yield seen
+    ws_fastpath.set_gate(None)
+
+
+async def test_a_scope_the_gate_refuses_is_accepted_and_closed_without_an_application(
+        gate: list[dict[str, object]]) -> None:
+    made: list[dict[str, object]] = []
+    create = ws_fastpath.create_application(lambda _server, _protocol, scope: made.append(scope))
+    server, busy, free = SimpleNamespace(connections={}), ReplyRecorder(), ReplyRecorder()
+    server.connections.update({busy: {"connected": 0.0}, free: {"connected": 0.0}})
+
+    queue = create(server, busy, {"type": "websocket", "path": "/busy"})
+    create(server, free, {"type": "websocket", "path": "/xiaozhi/v1/"})
+    create(server, object(), {"type": "http", "path": "/busy"})
+    assert isinstance(queue, asyncio.Queue) and busy.replies == []  # after daphne's onConnect returns
+    await asyncio.sleep(0)
+
+    assert busy.replies == [{"type": "websocket.accept"},
+                            {"type": "websocket.close", "code": 1013, "reason": "server busy"}]
+    assert [scope["path"] for scope in made] == ["/xiaozhi/v1/", "/busy"]  # only the refused one was not made
+    assert [scope["path"] for scope in gate] == ["/busy", "/xiaozhi/v1/"]  # http scopes are not asked
+    assert getattr(busy, "binary_tap", None) is None and free.replies == []
+
+
+async def test_a_refused_client_that_left_before_the_close_gets_nothing(gate: list[dict[str, object]]) -> None:
+    create = ws_fastpath.create_application(lambda _server, _protocol, _scope: None)
+    gone, early = ReplyRecorder(), ReplyRecorder()
+    server = SimpleNamespace(connections={gone: {"connected": 0.0}})
+    create(server, gone, {"type": "websocket", "path": "/busy"})
+    create(server, early, {"type": "websocket", "path": "/busy"})  # already forgotten by daphne
+    server.connections[gone]["disconnected"] = 1.0
+    await asyncio.sleep(0)
+    assert gone.replies == [] and early.replies == []

@@ -1,0 +1,43 @@
+"""Admission against the real server: past capacity a new device's socket is accepted and closed
+with 1013 and the reason by daphne's gate (xiaozhi_site/ws_fastpath.py), before any consumer is
+made, while the device already admitted keeps talking."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+
+from devices.protocol.close_codes import CloseCode
+from devices.services import device_token_issue
+from devices.tests.factories import BoundDeviceFactory
+from simulator.device import SimulatedDevice
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+async def _device(server: Any) -> SimulatedDevice:
+    owned = await database_sync_to_async(BoundDeviceFactory)()
+    token = await database_sync_to_async(device_token_issue)(device=owned)
+    sim = SimulatedDevice(server.http_url, mac=owned.mac, client_id=owned.client_id)
+    await sim.connect(url=f"{server.ws_url}/xiaozhi/v1/", token=token)
+    return sim
+
+
+async def test_past_capacity_daphne_refuses_a_new_device_with_1013_and_the_admitted_one_keeps_talking(
+        asgi_server_factory: Any) -> None:
+    # Admission is per process: one worker, whatever mode the suite runs in.
+    server = asgi_server_factory(XIAOZHI_MAX_STREAMING_SESSIONS="1", XIAOZHI_WORKERS="1")
+    admitted = await _device(server)
+    refused: list[SimulatedDevice] = []
+    try:
+        assert (await admitted.hello())["type"] == "hello"
+        for _ in range(3):  # the admitted one holds its place while it arrives (5 s)
+            refused.append(await _device(server))
+            closed = await refused[-1].wait_closed(timeout=10)
+            assert (closed.payload["code"], closed.payload["reason"]) == (
+                CloseCode.TRY_AGAIN_LATER, "server busy: streaming capacity reached")
+        assert (await admitted.hello())["type"] == "hello"  # its session is untouched
+    finally:
+        await asyncio.gather(admitted.close(), *(sim.close() for sim in refused))
