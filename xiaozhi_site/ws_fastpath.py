@@ -39,7 +39,9 @@ accept and close messages, the disconnect: ~1.6 ms of the event loop each, 13 % 
 for the 80 refusals a second of the overload benchmark (docs/performance.md, session 32). A
 gate (`set_gate`; xiaozhi_site.asgi sets conversations.admission's) sees each WebSocket scope
 first; when it answers (code, reason), the handshake is accepted and closed with them at once,
-and daphne gets a queue nobody reads instead of an application.
+and daphne gets a queue nobody reads instead of an application. Measured: the server's CPU
+per refused device 4.0-4.4 -> 3.4-3.8 ms (the rest is the TCP accept, HTTP parsing and the
+handshake).
 
 `install()` swaps them all; idempotent, applied by xiaozhi_site.asgi with the other daphne
 patches.
