@@ -20,12 +20,12 @@ packets of every device and the event loop stops answering pings (docs/performan
 
 A refusal touches no database and makes no session. Under daphne it is decided before any
 consumer is made (`refusal_before_application`, the server's gate in xiaozhi_site/
-ws_fastpath.py): what is left is the WebSocket handshake, one accept and one close frame.
-Through a consumer a refusal cost ~1.6 ms of event-loop CPU on session 32's machine
-(docs/performance.md). An admitted device costs far more while it arrives (~8 ms of CPU for
-its connect, hello and MCP handshake), so a worker whose limit is its full P2 capacity has no
-room left for the arrivals themselves: set the limit below it (the overload benchmark finds
-where). The watcher is one timer per process, started by the first device socket.
+ws_fastpath.py): what is left is the TCP accept, the WebSocket handshake and the close, ~3.4-3.8
+ms of the server's CPU per refused device on session 32's machine (4.0-4.4 through a consumer;
+docs/performance.md). An admitted device costs more while it arrives (~8.5 ms for its connect,
+hello and MCP handshake), so a worker whose limit is its full P2 capacity has no room left for
+the arrivals themselves: set the limit below it (the overload benchmark finds where). The
+watcher is one timer per process, started by the first device socket.
 """
 from __future__ import annotations
 
@@ -169,9 +169,9 @@ DEVICE_PATHS = frozenset({"/xiaozhi/v1/", "/xiaozhi/v1"})
 
 def refusal_before_application(scope: Mapping[str, Any]) -> tuple[int, str] | None:
     """The server's gate (xiaozhi_site/ws_fastpath.py `set_gate`): a device socket arriving past
-    capacity is closed with 1013 before any consumer is made for it, which is most of what a
-    refusal cost (docs/performance.md, session 32). The consumer asks `admit` again: under
-    another server, and for the sockets let through here."""
+    capacity is closed with 1013 before any consumer is made for it (~15 % of what a refusal
+    cost, docs/performance.md, session 32). The consumer asks `admit` again: under another
+    server, and for the sockets let through here."""
     if scope.get("path") not in DEVICE_PATHS:
         return None
     reason = admission().turn_away()
