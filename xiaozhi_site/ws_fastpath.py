@@ -35,7 +35,8 @@ read, while nothing is queued ahead of them, and may decline one (False: it take
 
 A refusal without an application. A device refused past capacity (1013) went through a whole
 consumer first: an application instance and its task, a channel name, Channels' dispatch, the
-accept and close messages, the disconnect (docs/performance.md, session 32). A gate (`set_gate`; xiaozhi_site.asgi sets conversations.admission's) sees each WebSocket scope
+accept and close messages, the disconnect (docs/performance.md, session 32). A gate
+(`set_gate`; xiaozhi_site.asgi sets conversations.admission's) sees each WebSocket scope
 first; when it answers (code, reason), the handshake is accepted and closed with them at once,
 and daphne gets a queue nobody reads instead of an application. Measured: the server's CPU
 per refused device 4.0-4.4 -> 3.4-3.8 ms (the rest is the TCP accept, HTTP parsing and the
