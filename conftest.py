@@ -90,20 +90,18 @@ def _celery_folder_of_this_process() -> None:
 
     from django.conf import settings
 
+    from xiaozhi_site.settings import filesystem_broker_options
+
     if not settings.CELERY_BROKER_URL.startswith("filesystem://"):
         return
-    old, new = str(settings.CELERY_DIR), tempfile.mkdtemp(prefix="xiaozhi-celery-")
-    options: dict[str, Any] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
-    for key, value in options.items():
-        if isinstance(value, str) and value.startswith(old):
-            options[key] = new + value[len(old):]
-            Path(options[key]).mkdir(parents=True, exist_ok=True)
-    if settings.CELERY_RESULT_BACKEND.startswith(f"file://{old}"):
-        settings.CELERY_RESULT_BACKEND = settings.CELERY_RESULT_BACKEND.replace(old, new, 1)
-        Path(settings.CELERY_RESULT_BACKEND.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-    settings.CELERY_DIR = Path(new)
-    os.environ["XIAOZHI_CELERY_DIR"] = new
-    atexit.register(shutil.rmtree, new, ignore_errors=True)
+    own = Path(tempfile.mkdtemp(prefix="xiaozhi-celery-"))
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = filesystem_broker_options(own)
+    default_results = f"file://{settings.CELERY_DIR / 'results'}"
+    if default_results == settings.CELERY_RESULT_BACKEND:  # not set apart from the folder
+        settings.CELERY_RESULT_BACKEND = f"file://{own / 'results'}"
+    settings.CELERY_DIR = own
+    os.environ["XIAOZHI_CELERY_DIR"] = str(own)
+    atexit.register(shutil.rmtree, own, ignore_errors=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -153,18 +153,25 @@ CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", _default_broker)
 CELERY_RESULT_BACKEND = envstr(
     "CELERY_RESULT_BACKEND", REDIS_URL or f"file://{CELERY_DIR / 'results'}"
 )
-if CELERY_BROKER_URL.startswith("filesystem://"):
+
+
+def filesystem_broker_options(folder: Path) -> dict[str, Any]:
+    """The filesystem broker's transport options for `folder`, its sub-folders made."""
     for sub in ("queue", "processed", "results", "control"):
-        (CELERY_DIR / sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(CELERY_DIR / "queue"),
-        "data_folder_out": str(CELERY_DIR / "queue"),
-        "processed_folder": str(CELERY_DIR / "processed"),
-        "control_folder": str(CELERY_DIR / "control"),
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    return {
+        "data_folder_in": str(folder / "queue"),
+        "data_folder_out": str(folder / "queue"),
+        "processed_folder": str(folder / "processed"),
+        "control_folder": str(folder / "control"),
         "store_processed": False,
         # The transport polls its folder; 0.1 s keeps task latency low at negligible cost.
         "polling_interval": 0.1,
     }
+
+
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = filesystem_broker_options(CELERY_DIR)
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"

@@ -1,4 +1,4 @@
-"""Two per-frame costs of autobahn (daphne's WebSocket layer) taken off the uplink (issue 17).
+"""Costs of autobahn and daphne (the WebSocket layer) taken off the device path (issue 17).
 
 Unmasking. Every frame a client sends is XOR-masked with a 4-byte key (RFC 6455 §5.3).
 autobahn's native masker (`autobahn.nvx`, cffi) builds a C object per frame and copies the payload in

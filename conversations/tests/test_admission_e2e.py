@@ -4,15 +4,18 @@ made, while the device already admitted keeps talking."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
+from websockets.exceptions import ConnectionClosed
 
 from devices.protocol.close_codes import CloseCode
 from devices.services import device_token_issue
 from devices.tests.factories import BoundDeviceFactory
 from simulator.device import SimulatedDevice
+from simulator.events import DeviceError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -33,11 +36,18 @@ async def test_past_capacity_daphne_refuses_a_new_device_with_1013_and_the_admit
     refused: list[SimulatedDevice] = []
     try:
         assert (await admitted.hello())["type"] == "hello"
-        for _ in range(3):  # the admitted one holds its place while it arrives (5 s)
+        for _ in range(2):  # the admitted one holds its place while it arrives (5 s)
             refused.append(await _device(server))
             closed = await refused[-1].wait_closed(timeout=10)
             assert (closed.payload["code"], closed.payload["reason"]) == (
                 CloseCode.TRY_AGAIN_LATER, "server busy: streaming capacity reached")
+        hostile = await _device(server)  # talks on past its refusal: the frames go nowhere
+        refused.append(hostile)
+        with contextlib.suppress(DeviceError, ConnectionClosed, OSError):  # closed, or reset, while it sends
+            for _ in range(20):
+                await hostile.send_raw_text("{not json")
+                await hostile.send_raw_bytes(b"\xff" * 4096)
+        await hostile.wait_closed(timeout=10)
         assert (await admitted.hello())["type"] == "hello"  # its session is untouched
     finally:
         await asyncio.gather(admitted.close(), *(sim.close() for sim in refused))
