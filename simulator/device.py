@@ -291,17 +291,19 @@ class SimulatedDevice:
     async def send_raw_bytes(self, data: bytes) -> None:
         await self._send_binary(data, limit=False)
 
-    async def send_silence(self, ms: int, realtime: bool = True) -> int:
-        return await self.send_audio(bytes(UPLINK_RATE * ms // 1000 * 2), realtime=realtime)
+    async def send_silence(self, ms: int, realtime: bool = True, *, new_turn: bool = True) -> int:
+        return await self.send_audio(bytes(UPLINK_RATE * ms // 1000 * 2), realtime=realtime, new_turn=new_turn)
 
-    async def send_audio(self, pcm16k: bytes, realtime: bool = True) -> int:
+    async def send_audio(self, pcm16k: bytes, realtime: bool = True, *, new_turn: bool = True) -> int:
         """Send 60 ms Opus frames of 16 kHz PCM as the mic would; returns the number sent.
 
         Frames the firmware would not capture (mic off: not listening, or speaking outside
         realtime mode) are counted in `suppressed_uplink_frames`. Stops quietly on close.
+        After a finished answer, audio starts a new turn (`turn_mark`) unless `new_turn` is
+        False: `run_turn`'s own silence, which may still be sending as its answer ends.
         """
         self._require_connection()
-        if self._last_tts_stop >= self.turn_mark:
+        if new_turn and self._last_tts_stop >= self.turn_mark:
             self._mark_turn()  # a new user turn after a finished answer
         loop = asyncio.get_running_loop()
         start, sent = loop.time(), 0
@@ -398,7 +400,7 @@ class SimulatedDevice:
 
     async def _stream_silence(self) -> None:
         while self._connected:
-            await self.send_silence(300)
+            await self.send_silence(300, new_turn=False)
 
     def _capture(self, frame: bytes, now: float) -> bytes:
         """The 60 ms the mic captured until `now` (plus the room's echo), Opus-encoded."""

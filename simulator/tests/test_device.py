@@ -366,6 +366,12 @@ async def test_run_turn_keeps_the_mic_streaming_silence_until_the_answer(ws_serv
         stop = await turn
         assert stop.payload == {"type": "tts", "state": "stop"}
         assert len(device.uplink_times) >= 6
+        # The turn's silence may still be sending as the answer ends (CI: the turn was marked
+        # anew, past its own `tts stop`): it never starts a new turn, later audio does.
+        await device.send_silence(60, new_turn=False)
+        assert await device.wait_for_tts_stop(timeout=1) is stop
+        await device.send_silence(60)
+        assert device.turn_mark > device.events.index(stop)
 
 
 async def test_run_turn_in_manual_mode_ends_with_listen_stop(ws_server: ScriptedServer) -> None:
