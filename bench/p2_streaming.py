@@ -224,6 +224,12 @@ async def arrive(device: LightDevice, mics: Microphones, packets: list[bytes], o
     await asyncio.sleep(max(0.0, at - loop.time()))
     try:
         await device.connect()
+    except Exception as exc:  # noqa: BLE001 - no upgrade: the firmware gives up after 10 s and retries later
+        timed_out = isinstance(exc.__cause__ or exc, TimeoutError)
+        key = "no upgrade within 10 s (held: the firmware retries)" if timed_out else f"connect failed: {exc}"[:100]
+        step.refusals[key] = step.refusals.get(key, 0) + 1
+        return
+    try:
         await device.hello()
     except Exception:  # noqa: BLE001 - refused (1013) or failed: counted below
         await asyncio.wait_for(device.closed.wait(), 5.0)

@@ -10,11 +10,11 @@ packets of every device and the event loop stops answering pings (docs/performan
   connects is about to talk: its authentication, hello and `listen start` take a moment, longer
   under load, and a count that missed them let 10 % more devices in than the limit in the
   overload benchmark). At `XIAOZHI_MAX_STREAMING_SESSIONS` (0: no limit) new devices are refused.
-- **Lag**: how late a 100 ms timer on the event loop fires, and how long an empty job waits
+- **Lag**: how late a 50 ms timer on the event loop fires, and how long an empty job waits
   in the hearing's CPU pool (conversations/pipeline/cpu_pool.py) behind the decode + VAD
   groups of every session: the larger of the two is the delay a new packet would see. When
-  `OVER_SAMPLES` samples in a row are over `XIAOZHI_ADMISSION_MAX_LAG_MS` (0: off), new
-  devices are refused, and keep being refused until the lag has stayed under it for
+  `OVER_SAMPLES` samples in a row (0.3 s) are over `XIAOZHI_ADMISSION_MAX_LAG_MS` (0: off),
+  new devices are refused, and keep being refused until the lag has stayed under it for
   `RECOVER_SECONDS`. One slow moment (a model loading, a full garbage collection) is not
   overload.
 
@@ -23,9 +23,21 @@ consumer is made (`refusal_before_application`, the server's gate in xiaozhi_sit
 ws_fastpath.py): what is left is the TCP accept, the WebSocket handshake and the close, ~3.4-3.8
 ms of the server's CPU per refused device on session 32's machine (4.0-4.4 through a consumer;
 docs/performance.md). An admitted device costs more while it arrives (~8.5 ms for its connect,
-hello and MCP handshake), so a worker whose limit is its full P2 capacity has no room left for
-the arrivals themselves: set the limit below it (the overload benchmark finds where). The
-watcher is one timer per process, started by the first device socket.
+hello and MCP handshake).
+
+**Pacing.** Those costs fall on the same interpreter lock as the hearing: twice the capacity
+arriving in 10 s kept the admitted devices' hearing late for the whole arrival (P2 overload,
+p99 519 ms on session 33's machine, although the same devices streaming alone were at 12 ms).
+So the watcher also reads the hearing's own lag every tick (the mean over the batches
+delivered, each batch's oldest packet: `CpuMill.take_lag`) and tells the server how many new
+connections it may take (`pace`, set by the server with `set_pace`; xiaozhi_site/listening.py
+under daphne): none while that lag is over `XIAOZHI_ADMISSION_HOLD_LAG_MS` (10 ms; 0: off), so
+new connections wait in the kernel's queue at no cost (the firmware allows 10 s for the TCP
+connection and the upgrade); then `FIRST_BUDGET` in one read once the hearing is on time,
+`FIRST_BUDGET` more every tick on time, until `FREE_BUDGET` ends the pacing. A lasting
+overload still lets a few in every `MAX_HOLD_SECONDS`: the admin and the check-ins are slowed,
+never shut out.
+The watcher is one timer per process, started by the first device socket.
 """
 from __future__ import annotations
 
@@ -40,17 +52,26 @@ from devices.protocol.close_codes import CloseCode
 
 logger = logging.getLogger(__name__)
 
-TICK_SECONDS = 0.1
-COUNT_EVERY_TICKS = 3  # sessions are counted every 0.3 s (O(sessions)); lag is sampled every tick
+TICK_SECONDS = 0.05
+COUNT_EVERY_TICKS = 6  # sessions are counted every 0.3 s (O(sessions)); lag is sampled every tick
 RECOVER_SECONDS = 2.0
-OVER_SAMPLES = 3
+OVER_SAMPLES = 6  # 0.3 s of lag in a row
 ARRIVING_SECONDS = 5.0  # an admitted socket holds its place this long before it must be listening
+MAX_HOLD_SECONDS = 1.0  # new connections wait at most this long in a row, then a few are taken
+FIRST_BUDGET = 2  # new connections taken in the first tick after a hold, and more in every tick on time
+FREE_BUDGET = 32  # the budget at which pacing ends (0.8 s on time after a hold)
 
 
 @dataclass(frozen=True)
 class Limits:
     max_streaming: int = 0  # 0: no limit
     max_lag_ms: float = 0.0  # 0: not watched
+    hold_lag_ms: float = 0.0  # 0: new connections are never held
+
+
+# How many new connections the server may accept until told again: 0 (they wait in the kernel's
+# queue), n (in one read), None (any number).
+Pace = Callable[[int | None], None]
 
 
 class HoldsPlace(Protocol):
@@ -68,11 +89,17 @@ class Admission:
     test) feeds it `observe_lag` and `observe_streaming`."""
 
     def __init__(self, limits: Limits, count_streaming: Callable[[], int] | None = None,
-                 pool_probe: Callable[[], Awaitable[object]] | None = None) -> None:
+                 pool_probe: Callable[[], Awaitable[object]] | None = None,
+                 hearing_lag: Callable[[], float] | None = None, pace: Pace | None = None) -> None:
         self.limits = limits
         self._sockets: weakref.WeakSet[HoldsPlace] = weakref.WeakSet()  # admitted, still open or not yet collected
         self._count_streaming = count_streaming or (lambda: streaming_places(self._sockets, _loop_time()))
         self._pool_probe = pool_probe
+        self._hearing_lag = hearing_lag
+        self._pace = pace
+        self.accept_budget: int | None = None  # new connections the server may take next tick (None: any)
+        self._held_since = 0.0
+        self.holds = 0  # times new connections were held
         self.streaming = 0  # at the last count
         self.admitted_since_count = 0
         self.lag_ms = 0.0  # the last sample
@@ -130,6 +157,38 @@ class Admission:
         if self._over >= OVER_SAMPLES:
             self._lagging_until = now + RECOVER_SECONDS
 
+    def observe_hearing(self, lag_ms: float, now: float) -> None:
+        """The hearing's mean lag over the last tick sets how many new connections the server
+        may take until the next (module docstring, "Pacing")."""
+        if self._pace is None or not self.limits.hold_lag_ms:
+            return
+        budget = self.accept_budget
+        if lag_ms > self.limits.hold_lag_ms:
+            if budget == 0 and now - self._held_since >= MAX_HOLD_SECONDS:
+                budget = FIRST_BUDGET  # a lasting overload must not shut the admin and the check-ins out
+            else:
+                if budget != 0:
+                    self._held_since = now
+                    self._count_hold(lag_ms)
+                budget = 0
+        elif budget is not None:
+            budget += FIRST_BUDGET  # added, not doubled: 64 or 128 refusals in one read were a 100 ms stall
+            if budget >= FREE_BUDGET:
+                budget = None
+        if budget == self.accept_budget and not budget:
+            return  # still held, or still free: nothing to tell the server
+        self.accept_budget = budget
+        try:
+            self._pace(budget)
+        except Exception:  # a server without listening ports, or one that is closing
+            logger.exception("pacing new connections failed")
+
+    def _count_hold(self, lag_ms: float) -> None:
+        self.holds += 1
+        if self.holds == 1 or self.holds % 50 == 0:  # one line per burst, not per tick
+            logger.warning("new connections held: the hearing is late", extra={
+                "hearing_lag_ms": round(lag_ms, 1), "holds": self.holds, "streaming": self.streaming})
+
     def observe_streaming(self, count: int) -> None:
         self.streaming = count
         self.admitted_since_count = 0
@@ -137,7 +196,7 @@ class Admission:
     # -- the watcher --------------------------------------------------------------------------
 
     def ensure_watching(self) -> None:
-        if not (self.limits.max_streaming or self.limits.max_lag_ms):
+        if not (self.limits.max_streaming or self.limits.max_lag_ms or self.limits.hold_lag_ms):
             return
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
@@ -158,6 +217,8 @@ class Admission:
                 lag = max(lag, loop.time() - now)
                 now = loop.time()
             self.observe_lag(lag * 1000, now)
+            if self._hearing_lag is not None:
+                self.observe_hearing(self._hearing_lag() * 1000, now)
             tick += 1
             if self.limits.max_streaming and tick % COUNT_EVERY_TICKS == 0:
                 self.observe_streaming(self._count_streaming())
@@ -187,6 +248,14 @@ def _loop_time() -> float:
 
 
 _admission: Admission | None = None
+_pace: Pace | None = None
+
+
+def set_pace(pace: Pace | None) -> None:
+    """How this process paces the connections it accepts (the web server's; xiaozhi_site.asgi
+    sets daphne's listening ports). Without one, admission only refuses."""
+    global _pace
+    _pace = pace
 
 
 def admission() -> Admission:
@@ -198,9 +267,10 @@ def admission() -> Admission:
         from conversations.pipeline.cpu_pool import CpuMill, shared_executor
 
         limits = Limits(max_streaming=settings.XIAOZHI_MAX_STREAMING_SESSIONS,
-                        max_lag_ms=settings.XIAOZHI_ADMISSION_MAX_LAG_MS)
+                        max_lag_ms=settings.XIAOZHI_ADMISSION_MAX_LAG_MS,
+                        hold_lag_ms=settings.XIAOZHI_ADMISSION_HOLD_LAG_MS)
         mill = CpuMill.for_executor(shared_executor())
-        _admission = Admission(limits, pool_probe=lambda: mill.run(_nothing))
+        _admission = Admission(limits, pool_probe=lambda: mill.run(_nothing), hearing_lag=mill.take_lag, pace=_pace)
     return _admission
 
 

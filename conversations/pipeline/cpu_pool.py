@@ -151,6 +151,9 @@ class CpuMill:
         self._preparing: list[Callable[[], None]] = []  # `at_tick` callbacks of this tick
         self._tick_loop: asyncio.AbstractEventLoop | None = None  # the loop whose tick is due
         self._holding = False  # collecting a tick's jobs or delivering a group's: start groups after
+        self._lag_total = 0.0  # `note_lag` since the last `take_lag`
+        self._lag_count = 0
+        self._last_lag = 0.0
 
     @classmethod
     def for_executor(cls, executor: Executor) -> CpuMill:
@@ -158,6 +161,25 @@ class CpuMill:
         if mill is None:
             mill = cls._by_executor[executor] = cls(executor, getattr(executor, "_max_workers", 2))
         return mill
+
+    def note_lag(self, seconds: float) -> None:
+        """A delivered batch's lag (its oldest packet's arrival to its outcome on the loop)."""
+        self._lag_total += seconds
+        self._lag_count += 1
+
+    def take_lag(self) -> float:
+        """The mean lag of the batches delivered since the last call, in seconds. The admission
+        watcher reads it every tick: a mean, so that one late batch (a session's first, a
+        garbage collection) does not look like a late hearing. With none delivered it is the
+        last mean while work is still in the pool (a hearing too late to deliver within a
+        tick), 0 when there is none."""
+        total, count = self._lag_total, self._lag_count
+        self._lag_total, self._lag_count = 0.0, 0
+        if count:
+            self._last_lag = total / count
+        elif not (self._inflight or self._pending):
+            self._last_lag = 0.0
+        return self._last_lag
 
     def run(self, job: Callable[[], T]) -> asyncio.Future[T]:
         """A job of its own: `job()` in the pool."""

@@ -339,6 +339,8 @@ class Hearing:
         add = self.lag.add
         for arrived in job.arrivals:
             add(done - arrived)
+        if job.arrivals:
+            self._mill.note_lag(done - job.arrivals[0])
         self.invalid += invalid
         self._dispatch(marks, job.generation)
 

@@ -12,7 +12,16 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 
 from conversations import admission as admission_module
-from conversations.admission import OVER_SAMPLES, RECOVER_SECONDS, TICK_SECONDS, Admission, Limits
+from conversations.admission import (
+    FIRST_BUDGET,
+    FREE_BUDGET,
+    MAX_HOLD_SECONDS,
+    OVER_SAMPLES,
+    RECOVER_SECONDS,
+    TICK_SECONDS,
+    Admission,
+    Limits,
+)
 from conversations.routing import websocket_urlpatterns
 from conversations.tests.test_consumer import assert_alive, close_of, headers_for, open_socket, session_of
 from devices.models import Device
@@ -79,7 +88,53 @@ async def test_one_slow_sample_is_not_overload_but_a_run_of_them_is() -> None:
     assert gate.refusal(now + RECOVER_SECONDS + 0.01) is None
 
 
+async def test_new_connections_wait_while_the_hearing_is_late_then_come_in_a_few_at_a_time() -> None:
+    paced: list[int | None] = []
+    gate = Admission(Limits(hold_lag_ms=20), count_streaming=lambda: 0, pace=paced.append)
+    gate.observe_hearing(19.0, 0.0)
+    assert paced == [] and gate.accept_budget is None  # on time: any number, nothing to tell
+    gate.observe_hearing(35.0, 0.1)
+    gate.observe_hearing(40.0, 0.2)  # still late: held already, nothing new to tell
+    assert paced == [0]
+    budgets = list(range(FIRST_BUDGET, FREE_BUDGET, FIRST_BUDGET))
+    for tick in range(len(budgets) + 1):
+        gate.observe_hearing(8.0, 0.3 + tick / 10)  # caught up: a budget that grows every tick on time
+    assert paced == [0, *budgets, None]
+    gate.observe_hearing(9.0, 5.0)
+    assert len(paced) == len(budgets) + 2  # free again: nothing to tell
+    assert gate.holds == 1
+
+
+async def test_a_lasting_overload_lets_a_few_connections_in_every_max_hold() -> None:
+    paced: list[int | None] = []
+    gate = Admission(Limits(hold_lag_ms=20), count_streaming=lambda: 0, pace=paced.append)
+    for tick in range(int(MAX_HOLD_SECONDS / TICK_SECONDS) + 2):
+        gate.observe_hearing(50.0, tick * TICK_SECONDS)
+    assert paced == [0, FIRST_BUDGET, 0]  # the admin and the check-ins are never shut out for good
+    assert gate.holds == 2
+
+
+async def test_without_a_hold_threshold_or_a_server_to_pace_nothing_is_held() -> None:
+    paced: list[int | None] = []
+    Admission(Limits(hold_lag_ms=0), count_streaming=lambda: 0, pace=paced.append).observe_hearing(900.0, 0.0)
+    gate = Admission(Limits(hold_lag_ms=20), count_streaming=lambda: 0)
+    gate.observe_hearing(900.0, 0.0)
+    assert paced == [] and gate.accept_budget is None
+
+
 # -- the watcher (virtual time) --------------------------------------------------------------
+
+
+@pytest.mark.virtual_time
+async def test_the_watcher_holds_new_connections_while_the_hearings_mean_lag_is_over() -> None:
+    paced: list[int | None] = []
+    lags = iter([0.0, 0.050, 0.050, 0.002])
+    gate = Admission(Limits(hold_lag_ms=20), count_streaming=lambda: 0,
+                     hearing_lag=lambda: next(lags, 0.0), pace=paced.append)
+    gate.ensure_watching()
+    await asyncio.sleep(TICK_SECONDS * 4.5)
+    assert paced == [0, FIRST_BUDGET]
+    gate._task.cancel()
 
 
 @pytest.mark.virtual_time

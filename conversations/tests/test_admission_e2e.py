@@ -51,3 +51,25 @@ async def test_past_capacity_daphne_refuses_a_new_device_with_1013_and_the_admit
         assert (await admitted.hello())["type"] == "hello"  # its session is untouched
     finally:
         await asyncio.gather(admitted.close(), *(sim.close() for sim in refused))
+
+
+async def test_while_the_hearing_is_late_new_connections_wait_unaccepted_and_still_get_in(
+        asgi_server_factory: Any) -> None:
+    # Any lag at all is late here: once the streaming device's hearing reports, the worker
+    # leaves new connections in its listening socket's queue and takes a few every
+    # MAX_HOLD_SECONDS, so the next device still connects.
+    server = asgi_server_factory(XIAOZHI_ADMISSION_HOLD_LAG_MS="0.001", XIAOZHI_WORKERS="1")
+    talking = await _device(server)
+    later: SimulatedDevice | None = None
+    try:
+        assert (await talking.hello())["type"] == "hello"
+        await talking.listen_start("auto")
+        await talking.send_silence(600)
+        later = await _device(server)
+        assert (await later.hello())["type"] == "hello"
+        log = server.log()
+        assert "pacing new connections on 1 listening port(s)" in log  # daphne's own port was found
+        assert "new connections held: the hearing is late" in log
+        assert (await talking.hello())["type"] == "hello"
+    finally:
+        await asyncio.gather(talking.close(), *([later.close()] if later else []))

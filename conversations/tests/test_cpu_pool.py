@@ -184,3 +184,19 @@ def test_a_process_making_its_pools_keeps_numpys_blas_to_one_thread() -> None:
     pool.shutdown()
     blas = [lib for lib in threadpool_info() if lib["user_api"] == "blas"]
     assert blas and all(lib["num_threads"] == 1 for lib in blas)
+
+
+async def test_the_hearing_lag_the_admission_reads_is_a_mean_kept_while_work_is_still_in_the_pool() -> None:
+    pool = ThreadPoolExecutor(1)
+    mill = CpuMill(pool, max_inflight=1)
+    assert mill.take_lag() == 0.0  # nothing delivered, nothing in the pool
+    for seconds in (0.004, 0.006, 0.110):
+        mill.note_lag(seconds)
+    assert mill.take_lag() == pytest.approx(0.040)  # one late batch moves the mean, not to 110 ms
+    release = threading.Event()
+    stuck = mill.run(release.wait)  # a group too slow to deliver within the next tick
+    assert mill.take_lag() == pytest.approx(0.040)  # late still, not 0
+    release.set()
+    await stuck
+    assert mill.take_lag() == 0.0  # delivered nothing more and idle: on time
+    pool.shutdown()
