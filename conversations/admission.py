@@ -34,9 +34,9 @@ connections it may take (`pace`, set by the server with `set_pace`; xiaozhi_site
 under daphne): none while that lag is over `XIAOZHI_ADMISSION_HOLD_LAG_MS` (10 ms; 0: off), so
 new connections wait in the kernel's queue at no cost (the firmware allows 10 s for the TCP
 connection and the upgrade); then `FIRST_BUDGET` in one read once the hearing is on time,
-`FIRST_BUDGET` more every tick on time, until `FREE_BUDGET` ends the pacing. A lasting
-overload still lets a few in every `MAX_HOLD_SECONDS`: the admin and the check-ins are slowed,
-never shut out.
+`FIRST_BUDGET` more every tick on time, until `FREE_BUDGET` ends the pacing. A hold lasts at
+most `MAX_HOLD_SECONDS`; a hearing late for longer gets `FIRST_BUDGET` a tick, so the admin,
+the check-ins and the refusals still get in.
 The watcher is one timer per process, started by the first device socket.
 """
 from __future__ import annotations
@@ -164,18 +164,17 @@ class Admission:
             return
         budget = self.accept_budget
         if lag_ms > self.limits.hold_lag_ms:
-            if budget == 0 and now - self._held_since >= MAX_HOLD_SECONDS:
-                budget = FIRST_BUDGET  # a lasting overload must not shut the admin and the check-ins out
-            else:
-                if budget != 0:
-                    self._held_since = now
-                    self._count_hold(lag_ms)
+            if budget is None or budget > FIRST_BUDGET:
+                self._held_since = now
+                self._count_hold(lag_ms)
                 budget = 0
+            elif now - self._held_since >= MAX_HOLD_SECONDS:
+                budget = FIRST_BUDGET  # late for long: a trickle, so the admin and check-ins still get in
         elif budget is not None:
             budget += FIRST_BUDGET  # added, not doubled: 64 or 128 refusals in one read were a 100 ms stall
             if budget >= FREE_BUDGET:
                 budget = None
-        if budget == self.accept_budget and not budget:
+        if budget == self.accept_budget and budget in (0, None):
             return  # still held, or still free: nothing to tell the server
         self.accept_budget = budget
         try:

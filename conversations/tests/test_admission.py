@@ -105,12 +105,16 @@ async def test_new_connections_wait_while_the_hearing_is_late_then_come_in_a_few
     assert gate.holds == 1
 
 
-async def test_a_lasting_overload_lets_a_few_connections_in_every_max_hold() -> None:
+async def test_a_hearing_late_for_long_gets_a_trickle_of_new_connections_not_a_lasting_hold() -> None:
     paced: list[int | None] = []
     gate = Admission(Limits(hold_lag_ms=20), count_streaming=lambda: 0, pace=paced.append)
-    for tick in range(int(MAX_HOLD_SECONDS / TICK_SECONDS) + 2):
+    held_ticks = round(MAX_HOLD_SECONDS / TICK_SECONDS)
+    for tick in range(held_ticks + 3):
         gate.observe_hearing(50.0, tick * TICK_SECONDS)
-    assert paced == [0, FIRST_BUDGET, 0]  # the admin and the check-ins are never shut out for good
+    assert paced == [0, FIRST_BUDGET, FIRST_BUDGET, FIRST_BUDGET]  # the admin and the check-ins still get in
+    gate.observe_hearing(5.0, 2.0)
+    gate.observe_hearing(50.0, 2.05)  # late again once the budget has grown past the trickle: held
+    assert paced[-2:] == [2 * FIRST_BUDGET, 0]
     assert gate.holds == 2
 
 
