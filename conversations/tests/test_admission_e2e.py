@@ -56,8 +56,8 @@ async def test_past_capacity_daphne_refuses_a_new_device_with_1013_and_the_admit
 async def test_while_the_hearing_is_late_new_connections_wait_unaccepted_and_still_get_in(
         asgi_server_factory: Any) -> None:
     # Any lag at all is late here: once the streaming device's hearing reports, the worker
-    # leaves new connections in its listening socket's queue and takes a few every
-    # MAX_HOLD_SECONDS, so the next device still connects.
+    # leaves new connections in its listening socket's queue, at most MAX_HOLD_SECONDS, then
+    # takes a trickle, so the next device still connects.
     server = asgi_server_factory(XIAOZHI_ADMISSION_HOLD_LAG_MS="0.001", XIAOZHI_WORKERS="1")
     talking = await _device(server)
     later: SimulatedDevice | None = None

@@ -14,23 +14,7 @@ from twisted.internet import tcp
 from twisted.internet.protocol import Factory, Protocol
 
 from xiaozhi_site.listening import ListeningPorts
-
-
-class RecordingReactor:
-    def __init__(self) -> None:
-        self.readers: set[Any] = set()
-
-    def addReader(self, selectable: Any) -> None:  # noqa: N802 - Twisted's interface
-        self.readers.add(selectable)
-
-    def removeReader(self, selectable: Any) -> None:  # noqa: N802
-        self.readers.discard(selectable)
-
-    def addWriter(self, selectable: Any) -> None:  # noqa: N802
-        pass
-
-    def removeWriter(self, selectable: Any) -> None:  # noqa: N802
-        pass
+from xiaozhi_site.tests.recording_reactor import RecordingReactor
 
 
 class Accepted(Factory):

@@ -12,25 +12,7 @@ from twisted.internet import main, tcp
 from twisted.internet.protocol import Protocol
 
 from xiaozhi_site import tcp_write
-
-
-class RecordingReactor:
-    """What Twisted's connection asks of its reactor, recorded instead of done."""
-
-    def __init__(self) -> None:
-        self.writers: list[Any] = []
-
-    def addWriter(self, selectable: Any) -> None:  # noqa: N802 - Twisted's interface
-        self.writers.append(selectable)
-
-    def removeWriter(self, selectable: Any) -> None:  # noqa: N802
-        self.writers.remove(selectable)
-
-    def addReader(self, selectable: Any) -> None:  # noqa: N802
-        pass
-
-    def removeReader(self, selectable: Any) -> None:  # noqa: N802
-        pass
+from xiaozhi_site.tests.recording_reactor import RecordingReactor
 
 
 class Lost(Protocol):
