@@ -75,31 +75,42 @@ class PacketTrail:
     """The uplink packets behind a PCM buffer, so an utterance's packets can be cut out with
     the same bounds as its PCM (endpointing.py's `Ear`: pre-roll included).
 
-    Positions are byte offsets in the decoded PCM stream. The hearing job appends
-    `(packet, decoded bytes)` to `entries` for every packet it decodes (one list append per
-    packet, nothing else per frame); trimming and cutting happen once per batch and once per
-    utterance.
+    Positions are byte offsets in the decoded PCM stream. The hearing job calls `add` for
+    every packet it decodes; trimming and cutting happen once per batch and once per
+    utterance. Packets and their PCM sizes are kept side by side, not as a (packet, size)
+    tuple per packet: a tuple is an object the garbage collector tracks until its next young
+    collection, and the trails of a few hundred talking devices made ~3,000 of them a second
+    per worker, three quarters of what set off every young collection (5-17 ms pauses every
+    2-3 s) and, through them, the older generation's (30-60 ms; docs/performance.md, session
+    34). Bytes and small ints are never tracked.
     """
 
     def __init__(self) -> None:
-        self.entries: deque[tuple[bytes, int]] = deque()
-        self.start = 0  # stream offset of the first entry's PCM
+        self.packets: deque[bytes] = deque()
+        self.sizes: deque[int] = deque()  # decoded PCM bytes of each packet
+        self.start = 0  # stream offset of the first packet's PCM
+
+    def add(self, packet: bytes, size: int) -> None:
+        self.packets.append(packet)
+        self.sizes.append(size)
 
     def clear(self) -> None:
-        self.entries.clear()
+        self.packets.clear()
+        self.sizes.clear()
         self.start = 0
 
     def drop_before(self, offset: int) -> None:
         """Forget packets whose PCM ends at or before `offset` (the buffer dropped it)."""
-        entries = self.entries
-        while entries and self.start + entries[0][1] <= offset:
-            self.start += entries.popleft()[1]
+        sizes = self.sizes
+        while sizes and self.start + sizes[0] <= offset:
+            self.start += sizes.popleft()
+            self.packets.popleft()
 
     def between(self, begin: int, end: int) -> list[bytes]:
         """The packets whose PCM overlaps [begin, end): they cover the slice, a few ms more."""
         packets: list[bytes] = []
         position = self.start
-        for packet, size in self.entries:
+        for packet, size in zip(self.packets, self.sizes, strict=True):
             if position >= end:
                 break
             if position + size > begin:
@@ -108,7 +119,7 @@ class PacketTrail:
         return packets
 
     def take_all(self) -> list[bytes]:
-        packets = [packet for packet, _ in self.entries]
+        packets = list(self.packets)
         self.clear()
         return packets
 

@@ -188,7 +188,7 @@ class Ear:
                 pcm = self.echo.process(pcm, stamps[index] if stamps else 0)
             parts.append(pcm)
             if trail is not None:
-                trail.entries.append((packet, len(pcm)))  # recording: the one extra step per packet
+                trail.add(packet, len(pcm))  # recording: the one extra step per packet
         return b"".join(parts), invalid
 
     def _mark(self, event: VADEvent, *, by_model: bool = False) -> Mark:

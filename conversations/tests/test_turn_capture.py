@@ -5,6 +5,7 @@ Silero, espeak) with the zero-latency fake ASR/LLM/TTS, on the virtual-time loop
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -46,13 +47,31 @@ def is_run_of(part: list[bytes], whole: list[bytes]) -> bool:
 def test_the_trail_cuts_the_packets_that_cover_a_pcm_slice() -> None:
     trail = PacketTrail()
     for number in range(10):
-        trail.entries.append((bytes([number]), 100))
+        trail.add(bytes([number]), 100)
     assert trail.between(250, 480) == [b"\x02", b"\x03", b"\x04"]  # 200-300 covers 250, 400-500 covers 479
     assert trail.between(300, 400) == [b"\x03"]
     trail.drop_before(350)  # the buffer dropped PCM up to 350: packets ending by then go
-    assert trail.start == 300 and trail.entries[0][0] == b"\x03"
+    assert trail.start == 300 and trail.packets[0] == b"\x03"
     assert trail.between(0, 10_000) == [bytes([n]) for n in range(3, 10)]
-    assert trail.take_all() == [bytes([n]) for n in range(3, 10)] and not trail.entries and trail.start == 0
+    assert trail.take_all() == [bytes([n]) for n in range(3, 10)]
+    assert not trail.packets and not trail.sizes and trail.start == 0
+
+
+def test_the_trail_gives_the_garbage_collector_nothing_new_to_track_per_packet() -> None:
+    """A talking device adds ~17 packets a second; a tracked object per packet (the old
+    (packet, size) tuple) set off the young collections of a busy worker every 2-3 s."""
+    trail = PacketTrail()
+    packets = [bytes([n % 256]) * 120 for n in range(1000)]
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for packet in packets:
+            trail.add(packet, 1920)
+        grown = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert grown < 10, f"{grown} tracked objects for 1,000 packets"
+    assert trail.between(0, 1920 * 2) == packets[:2]
 
 
 # --- the utterance and the reply ----------------------------------------------------------------
