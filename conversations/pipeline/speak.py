@@ -26,7 +26,7 @@ from conversations.pipeline import fallback
 from conversations.pipeline.aio import cancel_and_wait
 from conversations.pipeline.fallback import ProviderChain
 from conversations.pipeline.text import clean_for_speech
-from conversations.providers.base import ProviderError
+from conversations.providers.base import PCMChunk, ProviderError
 from devices.protocol.audio import resample
 from devices.protocol.messages import Message, TtsSentenceEnd, TtsSentenceStart
 from devices.protocol.opus import OpusEncoder
@@ -41,7 +41,7 @@ FRAME_S = FRAME_MS / 1000
 MAX_LEAD_FRAMES = 3  # frames sent whose playout has not finished, the one playing included
 TTS_START_GAP_S = 0.005  # firmware resets its decoder one loop turn after `tts start`
 STOP_MARGIN_S = 0.12  # transport jitter and device decode/I2S latency after the computed playout end
-FIRST_SLICE_FRAMES = 3  # encode a sentence's first frames alone: the pacer starts sooner
+FIRST_SLICE_FRAMES = 3  # encode a chunk's first frames alone: the pacer starts sooner
 SLICE_FRAMES = 6  # later slices stay short so another reply's first frames never wait long
 QUEUE_FRAMES = 40  # server-side buffer per reply (2.4 s), the synthesizer waits beyond it
 ENCODER_COMPLEXITY = 5
@@ -78,18 +78,19 @@ class FrameEncoder:
         self._encoder: OpusEncoder | None = None
         self._pending = bytearray()
 
-    def feed(self, pcm: bytes, rate: int, max_frames: int) -> list[bytes]:
+    def feed(self, pcm: bytes, rate: int, max_frames: int, *, keep_lock: bool = False) -> list[bytes]:
         """Add PCM at `rate`; return up to `max_frames` encoded frames."""
         if rate != self.sample_rate:
             pcm = resample(pcm, rate, self.sample_rate)
         self._pending += pcm
-        return self.take(max_frames)
+        return self.take(max_frames, keep_lock=keep_lock)
 
-    def take(self, max_frames: int) -> list[bytes]:
+    def take(self, max_frames: int, *, keep_lock: bool = False) -> list[bytes]:
         encoder = self._get_encoder()
         size = encoder.frame_bytes
         count = min(max_frames, len(self._pending) // size)
-        frames = [encoder.encode(bytes(self._pending[i * size : (i + 1) * size])) for i in range(count)]
+        frames = [encoder.encode(bytes(self._pending[i * size : (i + 1) * size]), keep_lock=keep_lock)
+                  for i in range(count)]
         del self._pending[: count * size]
         return frames
 
@@ -156,7 +157,8 @@ class SpeechStream:
     `send`/`send_audio` should be the reply's guarded senders; `not_before` is the earliest
     loop time for the first frame (`tts start` + a few ms); `attempts` gets every TTS call.
     The reply's first encode job runs on `first_words` (default: `executor`), so a reply's
-    first frames never wait behind the later frames of the replies already speaking.
+    first frames never wait behind the later frames of the replies already speaking; audio
+    already at the downlink rate has its very first frame encoded on the loop (`_first_frames`).
     """
 
     def __init__(
@@ -240,12 +242,11 @@ class SpeechStream:
         sentence = _Sentence(text, kind)
         try:
             async for chunk in chunks:
-                executor = self._executor
-                if self.stats.first_audio_at is None:  # the reply's first words: their own pool
+                if self.stats.first_audio_at is None:
                     self.stats.first_audio_at = self._clock.now()
-                    executor = self._first_words
-                frames = await self._run(self._encoder.feed, chunk.pcm, chunk.sample_rate, FIRST_SLICE_FRAMES,
-                                         executor=executor)
+                    frames = await self._first_frames(sentence, chunk)
+                else:
+                    frames = await self._run(self._encoder.feed, chunk.pcm, chunk.sample_rate, FIRST_SLICE_FRAMES)
                 await self._queue_frames(sentence, frames)
                 while self._encoder.has_full_frame:
                     await self._queue_frames(sentence, await self._run(self._encoder.take, SLICE_FRAMES))
@@ -254,6 +255,19 @@ class SpeechStream:
         await self._queue_frames(sentence, await self._run(self._encoder.finish))
         if sentence.started:
             await self._frames.put(_SentenceEnd(text))
+
+    async def _first_frames(self, sentence: _Sentence, chunk: PCMChunk) -> list[bytes]:
+        """The reply's first words. Audio already at the downlink rate has its first frame
+        encoded here, on the loop (~0.5 ms, keeping the interpreter lock), and queued at once;
+        the rest of the first slice, and audio to resample, go to the first-words pool. P1 at
+        200 devices (docs/performance.md, session 34): the pool's hand-off, the encode waiting
+        for the lock at each frame, and the way back took 34 ms of the slowest 1 % of first
+        frames' 55 ms, for 1.5 ms of CPU."""
+        if chunk.sample_rate == self._encoder.sample_rate:
+            await self._queue_frames(sentence, self._encoder.feed(chunk.pcm, chunk.sample_rate, 1, keep_lock=True))
+            return await self._run(self._encoder.take, FIRST_SLICE_FRAMES - 1, executor=self._first_words)
+        return await self._run(self._encoder.feed, chunk.pcm, chunk.sample_rate, FIRST_SLICE_FRAMES,
+                               executor=self._first_words)
 
     async def _queue_frames(self, sentence: _Sentence, frames: list[bytes]) -> None:
         """Queue frames; the sentence's subtitle goes first, once it has audio at all."""

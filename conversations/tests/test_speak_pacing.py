@@ -6,6 +6,7 @@ the tests are deterministic; one test checks the real loop clock with tolerances
 from __future__ import annotations
 
 import asyncio
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -259,6 +260,51 @@ async def test_a_replys_first_frames_are_encoded_in_the_first_words_pool_and_the
     assert len(packets) == 34  # both sentences whole, in order
     decoder = OpusDecoder(24000)
     assert all(len(decoder.decode(p)) == 1440 * 2 for p in packets)
+
+
+class GatedPool(ThreadPoolExecutor):
+    """One thread whose jobs wait for `gate` (a first-words pool that is slow to answer)."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.gate = threading.Event()
+        self.jobs = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.jobs += 1
+
+        def gated() -> Any:
+            self.gate.wait(10)
+            return fn(*args, **kwargs)
+
+        return super().submit(gated)
+
+
+async def test_audio_at_the_downlink_rate_has_its_first_frame_sent_before_the_pool_answers(executor: Any) -> None:
+    """24 kHz audio (no resampling): the reply's first frame is encoded on the loop and sent
+    while the first-words pool still holds the rest of the first slice."""
+    clock = VirtualClock()
+    wire = Wire(clock)
+    first = GatedPool()
+    try:
+        speech = stream(executor, wire, clock, chain(FakeToneTTS(duration_ms=1000)), first_words=first)
+        speech.push("Hello there.")
+        speech.end_input()
+        for _ in range(200):
+            if wire.frame_times():
+                break
+            await asyncio.sleep(0.005)
+        assert len(wire.frame_times()) == 1 and first.jobs == 1  # the pool's job is still waiting
+        first.gate.set()
+        await speech.wait_for_playout()
+    finally:
+        first.gate.set()
+        first.shutdown()
+    packets = [p for _, kind, p in wire.events if kind == "audio"]
+    assert len(packets) == 17 and first.jobs == 1  # 1,000 ms: 17 frames, the last one padded
+    decoder = OpusDecoder(24000)
+    assert all(len(decoder.decode(p)) == 1440 * 2 for p in packets)
+    assert wire.kinds() == ["TtsSentenceStart", "audio", "TtsSentenceEnd"]
 
 
 @pytest.mark.parametrize("complexity", [0, 5, 10])

@@ -18,6 +18,7 @@ VALID_FRAME_MS = (5, 10, 20, 40, 60, 80, 100, 120)
 # The longest frame an Opus packet can hold. Decoding into a buffer this size means any valid
 # packet decodes, whatever frame duration the sender picked.
 MAX_PACKET_MS = 120
+MAX_PACKET_BYTES = 4000  # libopus's recommended output buffer for one packet
 
 
 class AudioError(Exception):
@@ -60,6 +61,19 @@ def _decode_holding_the_lock(opuslib: ModuleType) -> Any:
     decode.argtypes = opuslib.api.decoder.libopus_decode.argtypes
     decode.restype = ctypes.c_int
     return decode
+
+
+@functools.cache
+def _encode_function(opuslib: ModuleType, keep_lock: bool) -> Any:
+    """libopus's `opus_encode`, through `ctypes.CDLL` (the interpreter lock given up for the
+    call, as opuslib binds it) or `ctypes.PyDLL` (kept: a short encode on the event loop,
+    which would otherwise wait to take the lock back from the pool threads)."""
+    library = ctypes.PyDLL if keep_lock else ctypes.CDLL
+    encode = library(opuslib.api.lib_location).opus_encode
+    encode.argtypes = (opuslib.api.encoder.EncoderPointer, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                       ctypes.c_int32)
+    encode.restype = ctypes.c_int32
+    return encode
 
 
 def _check_rate(sample_rate: int) -> None:
@@ -133,6 +147,8 @@ class OpusEncoder:
         self._frame_samples = sample_rate * frame_ms // 1000
         self._encoder: Any = opuslib.Encoder(sample_rate, 1, application)
         self._configure(bitrate, complexity, dtx)
+        self._state = self._encoder.encoder_state
+        self._packet = ctypes.create_string_buffer(MAX_PACKET_BYTES)  # one output buffer per encoder
 
     def _configure(self, bitrate: int, complexity: int, dtx: bool) -> None:
         try:
@@ -150,8 +166,9 @@ class OpusEncoder:
         """Size in bytes of one s16le mono frame, the unit `encode` takes."""
         return self._frame_samples * SAMPLE_WIDTH
 
-    def encode(self, pcm: bytes) -> bytes:
-        """Encode exactly one frame; shorter input (the tail of a sentence) is zero-padded."""
+    def encode(self, pcm: bytes, *, keep_lock: bool = False) -> bytes:
+        """Encode exactly one frame; shorter input (the tail of a sentence) is zero-padded.
+        `keep_lock`: the call keeps the interpreter lock (see `_encode_function`)."""
         size = len(pcm)
         if size > self.frame_bytes:
             raise ValueError(f"PCM frame too long: {size} bytes > {self.frame_bytes}")
@@ -159,10 +176,11 @@ class OpusEncoder:
             raise ValueError(f"PCM length {size} is not a whole number of s16 samples")
         if size < self.frame_bytes:
             pcm = bytes(pcm) + bytes(self.frame_bytes - size)
-        try:
-            return self._encoder.encode(bytes(pcm), self._frame_samples)
-        except self._opuslib.exceptions.OpusError as exc:
-            raise AudioError(f"Opus encode failed: {_reason(exc)}") from exc
+        encode = _encode_function(self._opuslib, keep_lock)
+        size = encode(self._state, bytes(pcm), self._frame_samples, self._packet, MAX_PACKET_BYTES)
+        if size < 0:
+            raise AudioError(f"Opus encode failed: {_reason(self._opuslib.exceptions.OpusError(size))}")
+        return ctypes.string_at(self._packet, size)
 
     def reset(self) -> None:
         """Start a fresh stream (new sentence after an abort) without re-creating libopus state."""

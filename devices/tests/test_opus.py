@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from devices.protocol.opus import AudioError, OpusDecoder, OpusEncoder, _opuslib
+from devices.protocol.opus import AudioError, OpusDecoder, OpusEncoder, _encode_function, _opuslib
 from testing.speech import opus_packets, speak, with_silence
 
 
@@ -128,6 +128,26 @@ def test_decode_keeps_the_interpreter_lock() -> None:
     decode = OpusDecoder(16000)._opus_decode
     assert decode._flags_ & ctypes._FUNCFLAG_PYTHONAPI
     assert OpusDecoder(16000)._opus_decode is decode  # bound once per process
+
+
+@pytest.mark.parametrize("keep_lock", [False, True])
+def test_encode_makes_libopus_own_packets_with_or_without_the_lock(keep_lock: bool) -> None:
+    """Our binding (one output buffer per encoder; the lock given up or kept) makes the packets
+    opuslib's encoder makes with the same settings, whole frames and a short tail alike."""
+    import ctypes
+
+    opuslib = _opuslib()
+    pcm = speak("the first words of a reply", rate=24000)
+    ours = OpusEncoder(24000, 60, application="voip", complexity=5)
+    theirs = opuslib.Encoder(24000, 1, "voip")
+    theirs.bitrate, theirs.complexity, theirs.signal = 24000, 5, opuslib.SIGNAL_VOICE
+    size = ours.frame_bytes
+    frames = [pcm[i : i + size] for i in range(0, len(pcm), size)]
+    assert len(frames) > 10 and len(frames[-1]) < size
+    expected = [theirs.encode(frame.ljust(size, b"\0"), size // 2) for frame in frames]
+    assert [ours.encode(frame, keep_lock=keep_lock) for frame in frames] == expected
+    encode = _encode_function(opuslib, keep_lock)
+    assert bool(encode._flags_ & ctypes._FUNCFLAG_PYTHONAPI) == keep_lock
 
 
 def test_missing_libopus_is_reported_as_audio_error(monkeypatch: pytest.MonkeyPatch) -> None:
