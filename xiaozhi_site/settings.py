@@ -329,6 +329,7 @@ XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS = envint("XIAOZHI_MAX_UNBOUND_DEVICE_CONN
 # limit; set it to the P2 capacity of one worker); lag of the event loop or the hearing pool.
 XIAOZHI_MAX_STREAMING_SESSIONS = envint("XIAOZHI_MAX_STREAMING_SESSIONS", 0, minimum=0)
 XIAOZHI_ADMISSION_MAX_LAG_MS = envfloat("XIAOZHI_ADMISSION_MAX_LAG_MS", 500.0, minimum=0)
+# While the hearing's mean lag is over this, new connections wait in the kernel's queue (0: never).
 XIAOZHI_ADMISSION_HOLD_LAG_MS = envfloat("XIAOZHI_ADMISSION_HOLD_LAG_MS", 10.0, minimum=0)
 XIAOZHI_MAX_MESSAGES_PER_SECOND = envint("XIAOZHI_MAX_MESSAGES_PER_SECOND", 100, minimum=1)
 XIAOZHI_IDLE_TIMEOUT_SECONDS = envfloat("XIAOZHI_IDLE_TIMEOUT_SECONDS", 120.0, minimum=1)

@@ -262,17 +262,14 @@ async def test_a_replys_first_frames_are_encoded_in_the_first_words_pool_and_the
     assert all(len(decoder.decode(p)) == 1440 * 2 for p in packets)
 
 
-class GatedPool(ThreadPoolExecutor):
-    """One thread whose jobs wait for `gate` (a first-words pool that is slow to answer)."""
+class GatedPool(CountingPool):
+    """Its jobs wait for `gate` (a first-words pool that is slow to answer)."""
 
     def __init__(self) -> None:
-        super().__init__(1)
+        super().__init__()
         self.gate = threading.Event()
-        self.jobs = 0
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        self.jobs += 1
-
         def gated() -> Any:
             self.gate.wait(10)
             return fn(*args, **kwargs)

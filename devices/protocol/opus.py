@@ -48,32 +48,24 @@ def _reason(exc: Exception) -> str:
 
 
 @functools.cache
-def _decode_holding_the_lock(opuslib: ModuleType) -> Any:
-    """libopus's `opus_decode` bound through `ctypes.PyDLL`: the call keeps the interpreter lock.
+def _libopus(opuslib: ModuleType, keep_lock: bool) -> Any:
+    """libopus with `opus_decode` and `opus_encode` typed, through `ctypes.PyDLL` (a call keeps
+    the interpreter lock) or `ctypes.CDLL` (gives it up, as opuslib binds it). One per mode.
 
-    opuslib binds libopus through `ctypes.CDLL`, which gives the lock up for every call. A
-    decode is ~30-80 us, but taking the lock back waits for whichever thread took it, and a
-    busy event loop hands it over only after the switch interval (5 ms). Beside a busy loop a
-    hearing group of 24 packets (~6 ms of CPU) took 78 / 147 ms of wall time (p50 / p99) with
-    the lock given up per packet, 51 / 114 ms with it kept (bench/hearing_gil.py, issue 17).
+    The decoder keeps the lock: a decode is ~30-80 us, but taking the lock back waits for
+    whichever thread took it, and a busy event loop hands it over only after the switch
+    interval (5 ms). Beside a busy loop a hearing group of 24 packets (~6 ms of CPU) took 78 /
+    147 ms of wall time (p50 / p99) with the lock given up per packet, 51 / 114 ms with it kept
+    (bench/hearing_gil.py, issue 17). The encoder gives it up in the speaking pools (keeping it
+    there raised P1's p50) and keeps it for a reply's first frame on the loop (speak.py).
     """
-    decode = ctypes.PyDLL(opuslib.api.lib_location).opus_decode
-    decode.argtypes = opuslib.api.decoder.libopus_decode.argtypes
-    decode.restype = ctypes.c_int
-    return decode
-
-
-@functools.cache
-def _encode_function(opuslib: ModuleType, keep_lock: bool) -> Any:
-    """libopus's `opus_encode`, through `ctypes.CDLL` (the interpreter lock given up for the
-    call, as opuslib binds it) or `ctypes.PyDLL` (kept: a short encode on the event loop,
-    which would otherwise wait to take the lock back from the pool threads)."""
-    library = ctypes.PyDLL if keep_lock else ctypes.CDLL
-    encode = library(opuslib.api.lib_location).opus_encode
-    encode.argtypes = (opuslib.api.encoder.EncoderPointer, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                       ctypes.c_int32)
-    encode.restype = ctypes.c_int32
-    return encode
+    library = (ctypes.PyDLL if keep_lock else ctypes.CDLL)(opuslib.api.lib_location)
+    library.opus_decode.argtypes = opuslib.api.decoder.libopus_decode.argtypes
+    library.opus_decode.restype = ctypes.c_int
+    library.opus_encode.argtypes = (opuslib.api.encoder.EncoderPointer, ctypes.c_char_p, ctypes.c_int,
+                                    ctypes.c_char_p, ctypes.c_int32)
+    library.opus_encode.restype = ctypes.c_int32
+    return library
 
 
 def _check_rate(sample_rate: int) -> None:
@@ -98,7 +90,7 @@ class OpusDecoder:
         # Python list (~60 us of a ~110 us decode, under the GIL; issue 17).
         self._pcm = (ctypes.c_int16 * (self._max_frame * channels))()
         self._state = self._decoder.decoder_state
-        self._opus_decode = _decode_holding_the_lock(self._opuslib)
+        self._opus_decode = _libopus(self._opuslib, keep_lock=True).opus_decode
 
     def decode(self, packet: bytes) -> bytes:
         """Decode one packet. Raises AudioError for empty or malformed packets.
@@ -149,6 +141,9 @@ class OpusEncoder:
         self._configure(bitrate, complexity, dtx)
         self._state = self._encoder.encoder_state
         self._packet = ctypes.create_string_buffer(MAX_PACKET_BYTES)  # one output buffer per encoder
+        # (giving the lock up, keeping it), indexed by `keep_lock`
+        self._opus_encode = (_libopus(opuslib, keep_lock=False).opus_encode,
+                             _libopus(opuslib, keep_lock=True).opus_encode)
 
     def _configure(self, bitrate: int, complexity: int, dtx: bool) -> None:
         try:
@@ -168,7 +163,7 @@ class OpusEncoder:
 
     def encode(self, pcm: bytes, *, keep_lock: bool = False) -> bytes:
         """Encode exactly one frame; shorter input (the tail of a sentence) is zero-padded.
-        `keep_lock`: the call keeps the interpreter lock (see `_encode_function`)."""
+        `keep_lock`: the call keeps the interpreter lock (see `_libopus`)."""
         size = len(pcm)
         if size > self.frame_bytes:
             raise ValueError(f"PCM frame too long: {size} bytes > {self.frame_bytes}")
@@ -176,7 +171,7 @@ class OpusEncoder:
             raise ValueError(f"PCM length {size} is not a whole number of s16 samples")
         if size < self.frame_bytes:
             pcm = bytes(pcm) + bytes(self.frame_bytes - size)
-        encode = _encode_function(self._opuslib, keep_lock)
+        encode = self._opus_encode[keep_lock]
         size = encode(self._state, bytes(pcm), self._frame_samples, self._packet, MAX_PACKET_BYTES)
         if size < 0:
             raise AudioError(f"Opus encode failed: {_reason(self._opuslib.exceptions.OpusError(size))}")

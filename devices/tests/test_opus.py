@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from devices.protocol.opus import AudioError, OpusDecoder, OpusEncoder, _encode_function, _opuslib
+from devices.protocol.opus import AudioError, OpusDecoder, OpusEncoder, _opuslib
 from testing.speech import opus_packets, speak, with_silence
 
 
@@ -146,8 +146,7 @@ def test_encode_makes_libopus_own_packets_with_or_without_the_lock(keep_lock: bo
     assert len(frames) > 10 and len(frames[-1]) < size
     expected = [theirs.encode(frame.ljust(size, b"\0"), size // 2) for frame in frames]
     assert [ours.encode(frame, keep_lock=keep_lock) for frame in frames] == expected
-    encode = _encode_function(opuslib, keep_lock)
-    assert bool(encode._flags_ & ctypes._FUNCFLAG_PYTHONAPI) == keep_lock
+    assert bool(ours._opus_encode[keep_lock]._flags_ & ctypes._FUNCFLAG_PYTHONAPI) == keep_lock
 
 
 def test_missing_libopus_is_reported_as_audio_error(monkeypatch: pytest.MonkeyPatch) -> None:
