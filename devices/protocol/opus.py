@@ -172,10 +172,10 @@ class OpusEncoder:
         if size < self.frame_bytes:
             pcm = bytes(pcm) + bytes(self.frame_bytes - size)
         encode = self._opus_encode[keep_lock]
-        size = encode(self._state, bytes(pcm), self._frame_samples, self._packet, MAX_PACKET_BYTES)
-        if size < 0:
-            raise AudioError(f"Opus encode failed: {_reason(self._opuslib.exceptions.OpusError(size))}")
-        return ctypes.string_at(self._packet, size)
+        written = encode(self._state, bytes(pcm), self._frame_samples, self._packet, MAX_PACKET_BYTES)
+        if written < 0:  # a libopus error code
+            raise AudioError(f"Opus encode failed: {_reason(self._opuslib.exceptions.OpusError(written))}")
+        return ctypes.string_at(self._packet, written)
 
     def reset(self) -> None:
         """Start a fresh stream (new sentence after an abort) without re-creating libopus state."""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
 import sys
 
@@ -123,8 +124,6 @@ def test_decode_keeps_the_interpreter_lock() -> None:
     """libopus is called through ctypes.PyDLL (the lock kept), not opuslib's CDLL binding,
     which gives the lock up and makes the hearing thread queue behind the event loop to take
     it back for every packet (bench/hearing_gil.py)."""
-    import ctypes
-
     decode = OpusDecoder(16000)._opus_decode
     assert decode._flags_ & ctypes._FUNCFLAG_PYTHONAPI
     assert OpusDecoder(16000)._opus_decode is decode  # bound once per process
@@ -134,8 +133,6 @@ def test_decode_keeps_the_interpreter_lock() -> None:
 def test_encode_makes_libopus_own_packets_with_or_without_the_lock(keep_lock: bool) -> None:
     """Our binding (one output buffer per encoder; the lock given up or kept) makes the packets
     opuslib's encoder makes with the same settings, whole frames and a short tail alike."""
-    import ctypes
-
     opuslib = _opuslib()
     pcm = speak("the first words of a reply", rate=24000)
     ours = OpusEncoder(24000, 60, application="voip", complexity=5)
