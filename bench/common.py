@@ -355,3 +355,24 @@ def cpu_seconds(pid: int) -> float:
 
 def own_cpu_seconds() -> float:
     return cpu_seconds(os.getpid())
+
+
+STEAL_FIELD = 7  # /proc/stat's `cpu` line: user nice system idle iowait irq softirq steal ...
+
+
+def steal_seconds(stat_path: str = "/proc/stat") -> float:
+    """Machine-wide CPU steal so far (all cores), in seconds; 0.0 if `stat_path` or the field is
+    missing (not Linux, an old kernel).
+
+    On a VM the hypervisor gives cores to other guests when it likes; that steal slows every
+    thread of the server and of the load generator alike, so a run with much steal measures
+    the neighbours, not the code. Reported next to the CPU figures so such a run can be told."""
+    try:
+        with open(stat_path) as stat:
+            for line in stat:
+                fields = line.split()
+                if fields and fields[0] == "cpu":
+                    return int(fields[1 + STEAL_FIELD]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0.0

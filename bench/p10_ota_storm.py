@@ -48,7 +48,7 @@ from typing import TypeVar
 import aiohttp
 from common import (
     BASE_DIR, BenchServer, core_share, fmt, header, md_table, median, own_cpu_seconds, percentile, server_modes,
-    verdict,
+    steal_seconds, verdict,
 )
 from loadgen import LightDevice, mac_for
 
@@ -75,6 +75,7 @@ class Phase:
     seconds: float = 0.0
     server_cpu: float = 0.0
     client_cpu: float = 0.0
+    steal: float = 0.0  # machine-wide CPU seconds the hypervisor gave to other guests
 
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -281,10 +282,11 @@ async def breakdown(bench: BenchServer, members: list[Member], rate: float) -> l
 
 
 async def measured(bench: BenchServer, phase: Phase, work: Awaitable[T]) -> T:
-    cpu, client, started = bench.cpu_seconds(), own_cpu_seconds(), time.perf_counter()
+    cpu, client, steal, started = bench.cpu_seconds(), own_cpu_seconds(), steal_seconds(), time.perf_counter()
     result = await work
     phase.seconds = time.perf_counter() - started
     phase.server_cpu, phase.client_cpu = bench.cpu_seconds() - cpu, own_cpu_seconds() - client
+    phase.steal = steal_seconds() - steal
     return result
 
 
@@ -330,9 +332,13 @@ def report(phases: list[Phase], devices: int, window: float, mode: str, breakdow
             fmt(percentile(phase.hello_ms, 0.99), 1) if phase.hello_ms else "-",
             str(phase.error_count), f"{phase.seconds:.1f}",
             f"{core_share(phase.server_cpu, phase.seconds)} / {core_share(phase.client_cpu, phase.seconds)}",
+            core_share(phase.steal, phase.seconds),
         ])
     print(md_table(["phase", "OTA answers", "OTA p50 ms", "p90", "p99", "max", "hellos", "hello p50 ms", "hello p99",
-                    "errors", "seconds", "CPU server / load gen"], rows))
+                    "errors", "seconds", "CPU server / load gen", "steal"], rows))
+    print("\nCPU: share of one core over the phase (2 cores = 200%); the load generator shares the cores. "
+          "steal: CPU the hypervisor gave to other guests over the phase, as a share of one core (the machine's, "
+          "not the server's); a run with much steal measures the neighbours, not the code.")
     for phase in phases:
         if phase.errors:
             print(f"- {phase.name} errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(phase.errors.items())))

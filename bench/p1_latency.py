@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from common import (
     FAKE_PERSONA, BenchServer, core_share, fmt, header, md_table, median, own_cpu_seconds,
-    percentile, verdict,
+    percentile, steal_seconds, verdict,
 )
 from loadgen import LightDevice, Utterance, mac_for, talk
 
@@ -61,6 +61,7 @@ class Phase:
     seconds: float = 0.0
     server_cpu: float = 0.0
     client_cpu: float = 0.0
+    steal: float = 0.0  # machine-wide CPU seconds the hypervisor gave to other guests
     server_ms: list[float] = field(default_factory=list)  # first_frame_sent per stored turn
     breakdown: dict[str, list[float]] = field(default_factory=dict)
     endpoint_ms: list[float] = field(default_factory=list)  # VAD decision − last speech frame − window
@@ -135,12 +136,13 @@ async def wait_stored(bench: BenchServer, since_id: int, expected: int, timeout:
 async def run_phase(bench: BenchServer, phase: Phase, utterance: Utterance, args: argparse.Namespace,
                     first_mac: int) -> None:
     since = bench.last_turn_id()
-    server_cpu, client_cpu = bench.cpu_seconds(), own_cpu_seconds()
+    server_cpu, client_cpu, steal = bench.cpu_seconds(), own_cpu_seconds(), steal_seconds()
     turns = args.turns if phase.devices == 1 else 10**6
     duration = 10**6 if phase.devices == 1 else args.duration
     await run_devices(bench.ws_url, phase, utterance, turns=turns, duration=duration, first_mac=first_mac)
     phase.server_cpu = bench.cpu_seconds() - server_cpu
     phase.client_cpu = own_cpu_seconds() - client_cpu
+    phase.steal = steal_seconds() - steal
     await wait_stored(bench, since, len(phase.turns))
     stored = stored_turns(bench, since)
     for key in STAGE_KEYS:
@@ -160,7 +162,7 @@ def row(phase: Phase) -> list[str]:
         phase.name, str(phase.devices), str(len(server)),
         fmt(median(server)), fmt(percentile(server, 0.99)), fmt(max(server, default=float("nan"))),
         fmt(median(client)), fmt(percentile(client, 0.99)),
-        str(phase.timeouts + phase.errors), cpu,
+        str(phase.timeouts + phase.errors), cpu, core_share(phase.steal, phase.seconds),
     ]
 
 
@@ -180,7 +182,7 @@ def report(phases: list[Phase]) -> None:
     print(header("P1 — server-added turn latency (VAD end-of-utterance decision → first Opus frame written)"))
     print(md_table(
         ["scenario", "devices", "turns", "server p50 ms", "server p99 ms", "server max ms",
-         "device-side p50 ms", "device-side p99 ms", "timeouts+errors", "CPU server / load gen"],
+         "device-side p50 ms", "device-side p99 ms", "timeouts+errors", "CPU server / load gen", "steal"],
         [row(p) for p in phases],
     ))  # fmt: skip
     print("\nServer timings per stage, ms after the VAD decision (p50 / p99); last column: VAD decision")
@@ -189,6 +191,8 @@ def report(phases: list[Phase]) -> None:
     print("\n(turn_model_ms: Smart Turn's run per turn, `--turn smart`; turn_silence_ms: quiet heard after the")
     print("last voice when the turn ended, in either mode)")
     print("\nCPU: share of one core over the phase (2 cores = 200%); the load generator runs on the same cores.")
+    print("steal: CPU the hypervisor gave to other guests over the phase, as a share of one core (the machine's,")
+    print("not the server's); a run with much steal measures the neighbours, not the code.")
     for phase in phases:
         ok = median(phase.server_ms) <= P50_TARGET_MS and percentile(phase.server_ms, 0.99) <= P99_TARGET_MS
         ok = ok and bool(phase.server_ms) and phase.timeouts == 0

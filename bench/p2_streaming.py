@@ -51,7 +51,7 @@ from typing import Any
 
 from common import (
     FAKE_PERSONA, BenchServer, ServerMode, core_share, fmt, header, md_table, median, own_cpu_seconds, percentile,
-    server_modes, verdict,
+    server_modes, steal_seconds, verdict,
 )
 from loadgen import LightDevice, Microphones, mac_for, with_room_noise
 
@@ -71,6 +71,8 @@ SENTENCES = [
 
 ARRIVAL_S = 10.0  # --overload: devices arrive over this long
 MIXES = ("dtx", "noise")
+STEAL_NOTE = ("steal: CPU the hypervisor gave to other guests over the step, as a share of one core (the machine's, "
+              "not the server's); a run with much steal measures the neighbours, not the code.")
 
 
 def speech_loop(noise: bool = False) -> list[bytes]:
@@ -108,6 +110,7 @@ class Step:
     loop_cpu: float = 0.0
     arrivals_cpu: float = 0.0  # --overload: server CPU seconds over the arrivals
     client_cpu: float = 0.0
+    steal: float = 0.0  # machine-wide CPU seconds the hypervisor gave to other guests
     sessions: int = 0
     packets: int = 0
     dropped: int = 0
@@ -164,7 +167,7 @@ async def settle(devices: list[LightDevice], timeout: float = 30.0) -> None:
     await asyncio.sleep(2.0)
 
 
-Meter = Callable[[], tuple[float, float, float]]  # CPU seconds: server, server event loops, load generator
+Meter = Callable[[], tuple[float, float, float, float]]  # CPU seconds: server, its event loops, load generator, steal
 
 
 async def drive(url: str, step: Step, loops: Loops, duration: float, meter: Meter) -> list[LightDevice]:
@@ -191,7 +194,7 @@ async def drive(url: str, step: Step, loops: Loops, duration: float, meter: Mete
     finally:
         await mics.aclose()
     step.seconds = time.perf_counter() - started
-    step.server_cpu, step.loop_cpu, step.client_cpu = (b - a for a, b in zip(before, meter(), strict=True))
+    step.server_cpu, step.loop_cpu, step.client_cpu, step.steal = (b - a for a, b in zip(before, meter(), strict=True))
     step.sent = sum(d.sent for d in devices)
     return devices
 
@@ -262,14 +265,14 @@ async def drive_overload(url: str, step: Step, loops: Loops, duration: float, me
     finally:
         await mics.aclose()
     step.seconds = time.perf_counter() - started
-    step.server_cpu, step.loop_cpu, step.client_cpu = (b - a for a, b in zip(before, meter(), strict=True))
+    step.server_cpu, step.loop_cpu, step.client_cpu, step.steal = (b - a for a, b in zip(before, meter(), strict=True))
     step.sent = sum(d.sent for d in devices)
     return devices
 
 
 async def run_step(bench: BenchServer, step: Step, loops: Loops, duration: float, overload: bool = False) -> None:
-    def meter() -> tuple[float, float, float]:
-        return bench.cpu_seconds(), bench.loop_cpu_seconds(), own_cpu_seconds()
+    def meter() -> tuple[float, float, float, float]:
+        return bench.cpu_seconds(), bench.loop_cpu_seconds(), own_cpu_seconds(), steal_seconds()
 
     devices = await (drive_overload if overload else drive)(bench.ws_url, step, loops, duration, meter)
     await asyncio.sleep(1.0)  # the last packets are heard before the sockets go
@@ -285,6 +288,7 @@ def row(step: Step) -> list[str]:
         fmt(median(step.probe_ms), 1), fmt(percentile(step.probe_ms, 0.99), 1),
         fmt(percentile(step.late_ms, 0.99), 1) if step.late_ms else "0.0",
         f"{core_share(step.server_cpu, step.seconds)} / {core_share(step.client_cpu, step.seconds)}",
+        core_share(step.steal, step.seconds),
         f"{step.per_frame_us(step.server_cpu)} / {step.per_frame_us(step.loop_cpu)}",
         "PASS" if step.ok else "FAIL",
     ]
@@ -296,7 +300,7 @@ def report(steps: list[Step], duration: float) -> None:
           "1 ms buckets, upper edges)\n")
     print(md_table(
         ["server", "mix", "devices", "connected", "frames sent", "frames heard", "dropped", "lag p50", "lag p99",
-         "lag max", "probe RTT p50", "probe RTT p99", "generator late p99", "CPU server / load gen",
+         "lag max", "probe RTT p50", "probe RTT p99", "generator late p99", "CPU server / load gen", "steal",
          "server µs per frame: all / event loops", "verdict"],
         [row(s) for s in steps],
     ))  # fmt: skip
@@ -304,6 +308,7 @@ def report(steps: list[Step], duration: float) -> None:
           "the final second or in flight at close).")
     print("CPU: share of one core over the step (2 cores = 200%); the load generator shares the cores. "
           "µs per frame: server CPU over the step / frames heard (all processes; their main threads).")
+    print(STEAL_NOTE)
     print("mix: dtx = every device's pauses are DTX packets; noise = half the devices stream room noise at full "
           "rate (no DTX), the other half DTX.")
     for step in steps:
@@ -323,16 +328,17 @@ def overload_report(step: Step, capacity: int, workers: int, duration: float) ->
           f"until {ARRIVAL_S + duration:g} s; mix {step.mix}\n")
     print(md_table(
         ["server", "devices", "admitted", "refused (1013)", "admitted lag p50", "admitted lag p99", "lag max",
-         "dropped", "probe RTT p50", "probe RTT p99", "CPU server / load gen",
+         "dropped", "probe RTT p50", "probe RTT p99", "CPU server / load gen", "steal",
          "server CPU in the arrivals, ms per device arriving"],
         [[step.mode, str(step.devices), str(step.connected), str(step.refused), fmt(step.lag_percentile(0.5)),
           fmt(step.lag_percentile(0.99)), fmt(step.lag_max_ms), str(step.dropped), fmt(median(step.probe_ms)),
           fmt(percentile(step.probe_ms, 0.99)),
           f"{core_share(step.server_cpu, step.seconds)} / {core_share(step.client_cpu, step.seconds)}",
-          f"{step.arrivals_cpu / step.devices * 1000:.2f}"]],
+          core_share(step.steal, step.seconds), f"{step.arrivals_cpu / step.devices * 1000:.2f}"]],
     ))  # fmt: skip
     print("\nclose codes seen at connect: " + (", ".join(f"{k}: {v}" for k, v in sorted(step.refusals.items()))
                                              or "none"))
+    print(STEAL_NOTE)
     ok = step.refused > 0 and step.dropped == 0 and step.lag_percentile(0.99) <= LAG_TARGET_MS
     print()
     print(verdict(f"{step.devices / capacity:g}x capacity arriving: the admitted devices keep lag p99 ≤ "

@@ -1,0 +1,29 @@
+"""The benchmarks' shared helpers (bench/common.py): the hypervisor's steal read from /proc/stat."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# Imported as the benchmark scripts import it (bench/ on the path), so it is one module.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from common import steal_seconds
+
+STAT = """cpu  71348 0 16226 116917 2058 0 1409 29940 0 0
+cpu0 35000 0 8000 58000 1000 0 700 15000 0 0
+cpu1 36348 0 8226 58917 1058 0 709 14940 0 0
+intr 123456 0 0
+"""
+
+
+def test_steal_is_the_eighth_value_of_the_machine_wide_cpu_line_in_seconds(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text(STAT)
+    assert steal_seconds(str(stat)) == 29940 / os.sysconf("SC_CLK_TCK")
+
+
+def test_steal_is_zero_without_the_file_or_the_field(tmp_path: Path) -> None:
+    assert steal_seconds(str(tmp_path / "missing")) == 0.0
+    old_kernel = tmp_path / "stat"
+    old_kernel.write_text("cpu  71348 0 16226 116917\nintr 1\n")  # no steal column
+    assert steal_seconds(str(old_kernel)) == 0.0
