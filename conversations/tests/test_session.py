@@ -147,6 +147,18 @@ async def test_the_engine_cannot_send_tts_start_or_stop_itself(make_session: Fac
     assert transport.of_type("tts") == [] and session.state is S.IDLE
 
 
+async def test_state_changes_are_logged_at_debug_only(make_session: Factory,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Every turn changes state 3-4 times: at INFO that was a line each, per device."""
+    with caplog.at_level(logging.DEBUG, logger="conversations.pipeline.session"):
+        session, _, _ = await connected(make_session)
+        thinking(session)
+        await speaking(session)
+    changes = [r for r in caplog.records if r.getMessage() == "device session state changed"]
+    assert [(r.levelno, r.__dict__["to"]) for r in changes] == [
+        (logging.DEBUG, "idle"), (logging.DEBUG, "thinking"), (logging.DEBUG, "speaking")]
+
+
 # -- hello ----------------------------------------------------------------------------------
 
 
