@@ -6,7 +6,10 @@ That returns at once; a child process of the web worker (or a thread:
 `XIAOZHI_AUDIO_WRITER`) muxes the packets into Ogg/Opus (conversations/oggopus.py, no
 re-encoding) and saves them through `STORAGES["default"]`
 (the filesystem under the data dir by default; any django-storages backend by settings).
-Nothing here ever fails a turn: a failed write logs an error and the turn keeps no audio.
+The turns handed over while the writer is busy go to it together as its next job: one query
+for their rows, their files, one transaction for their updates (`_Writer`, `_save_batch`).
+Nothing here ever fails a turn: a failed write logs an error and the turn keeps no audio,
+and one turn's failure costs the other turns of its batch nothing.
 
 What is kept follows `XIAOZHI_RECORDING` (`on`: both directions, `reply-only`: what the
 device played, `off`: nothing) and the persona's `record_audio` switch.
@@ -16,8 +19,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import threading
+from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, InvalidStateError, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +45,7 @@ RECORDING_ON, RECORDING_REPLY_ONLY, RECORDING_OFF = "on", "reply-only", "off"
 RECORDING_MODES = (RECORDING_ON, RECORDING_REPLY_ONLY, RECORDING_OFF)
 AUDIO_WRITER_THREAD = "thread"  # XIAOZHI_AUDIO_WRITER; the default is "process"
 MAX_PENDING = 256  # turns waiting for the writer; beyond it (storage stuck) audio is dropped
+MAX_BATCH = 32  # turns per writer job
 
 
 @dataclass(frozen=True)
@@ -60,62 +65,110 @@ def recording_mode(*, persona_records: bool = True) -> str:
 
 def turn_audio_save(*, turn_id: int, audio: TurnAudio) -> SavedAudio:
     """Write a stored turn's audio now (blocking). Never raises: failures are logged."""
-    try:
-        return _save(turn_id, audio)
-    except Exception:
-        logger.exception("turn audio not saved", extra={"turn_id": turn_id})
-        return SavedAudio()
+    [saved] = _save_batch([(turn_id, audio)])
+    return saved
 
 
 class _Writer:
-    """Writes turn audio in arrival order, off every event loop.
+    """Writes turn audio in arrival order, off every event loop, in batches.
 
     By default (`XIAOZHI_AUDIO_WRITER=process`) the work runs in a child process of its own,
     started on the first turn: the mux, the storage write and the row update then never take
     the interpreter lock this process's event loop needs. In a thread they cost the web
     process ~4–5 ms of CPU per turn and P1's p99 at 100 devices (docs/performance.md, P8).
     `thread` keeps the work here (the tests: their database exists in this process's
-    settings only). A child that dies costs the turns it held (logged); the next turn starts
-    a new one.
+    settings only).
+
+    One job at a time is in the child; the turns handed over meanwhile wait here and go as
+    the next job, all of them (up to MAX_BATCH), when it is free. Per turn alone the child
+    cost ~4–7 ms of CPU, much of it fixed per job: the turn's query (Django compiling it),
+    the update's commit, the pipe's round trip. A batch pays those once (one query, one
+    transaction): with turns handed over as the history writer does (a few per commit),
+    ~5 → ~3.5 ms per turn in the child and ~0.55 → ~0.3 ms here (bench/recording_writer.py).
+    A lone turn still starts at once. Each turn's future gets its own result, in order. A
+    child that dies costs the turns of the job it held (logged); the next job starts a new one.
+
+    `submit` is called from any thread (the history writer's commit callbacks); the next job
+    is started by whichever thread finds the writer free: a submitting one, or the one that
+    finishes a job (the executor's). The lock guards the queue and the counts; `_busy` makes
+    that thread the only one using the executor until its job is done.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._executor: Executor | None = None
-        self.pending = 0
+        self._waiting: deque[tuple[int, TurnAudio, Future[SavedAudio]]] = deque()
+        self._busy = False  # a job is in the writer; only its owner touches the executor
+        self.pending = 0  # waiting + in the writer
         self.dropped = 0
 
     def submit(self, turn_id: int, audio: TurnAudio) -> Future[SavedAudio] | None:
+        saved: Future[SavedAudio] = Future()
         with self._lock:
             if self.pending >= MAX_PENDING:
                 self.dropped += 1
                 logger.error("turn audio dropped: the writer is behind",
                              extra={"turn_id": turn_id, "dropped": self.dropped})
                 return None
-            job = self._submit(turn_id, audio)
             self.pending += 1
-        saved: Future[SavedAudio] = Future()
-        job.add_done_callback(lambda done: self._finish(turn_id, done, saved))
+            self._waiting.append((turn_id, audio, saved))
+            batch = self._next_batch()
+        if batch:
+            self._start(batch)
         return saved
 
-    def _submit(self, turn_id: int, audio: TurnAudio) -> Future[SavedAudio]:
+    def _next_batch(self) -> list[tuple[int, TurnAudio, Future[SavedAudio]]]:
+        """With the lock held: the next job's turns when the writer is free (it then is not)."""
+        if self._busy or not self._waiting:
+            return []
+        count = min(len(self._waiting), MAX_BATCH)
+        self._busy = True
+        return [self._waiting.popleft() for _ in range(count)]
+
+    def _start(self, batch: list[tuple[int, TurnAudio, Future[SavedAudio]]]) -> None:
+        # Outside the lock: a job that is already done runs its callback here, and that
+        # takes the lock. `_busy` keeps every other thread away from the executor meanwhile.
+        try:
+            job = self._submit([(turn_id, audio) for turn_id, audio, _ in batch])
+        except Exception:  # the executor refused the job (interpreter shutting down)
+            logger.exception("turn audio not saved: the writer did not start",
+                             extra={"turn_ids": [turn_id for turn_id, _, _ in batch]})
+            self._finish(batch, None)
+            return
+        job.add_done_callback(lambda done: self._finish(batch, done))
+
+    def _submit(self, items: list[tuple[int, TurnAudio]]) -> Future[list[SavedAudio]]:
         if self._executor is not None:
             try:
-                return self._executor.submit(_write, turn_id, audio)
-            except BrokenProcessPool:  # the child died since the last turn: start another
+                return self._executor.submit(_write_batch, items)
+            except BrokenProcessPool:  # the child died since the last job: start another
                 self._executor.shutdown(wait=False)
         self._executor = _executor()
-        return self._executor.submit(_write, turn_id, audio)
+        return self._executor.submit(_write_batch, items)
 
-    def _finish(self, turn_id: int, job: Future[SavedAudio], saved: Future[SavedAudio]) -> None:
+    def _finish(self, batch: list[tuple[int, TurnAudio, Future[SavedAudio]]],
+                job: Future[list[SavedAudio]] | None) -> None:
+        results = [SavedAudio()] * len(batch)
+        if job is not None:
+            try:
+                done = job.result()
+                if len(done) != len(batch):
+                    raise ValueError(f"{len(done)} results for {len(batch)} turns")
+                results = done
+            except BaseException:  # the child process died (killed, out of memory): not these turns' fault
+                logger.exception("turn audio not saved: the writer process failed",
+                                 extra={"turn_ids": [turn_id for turn_id, _, _ in batch]})
         with self._lock:
-            self.pending -= 1
-        try:
-            result = job.result()
-        except BaseException:  # the child process died (killed, out of memory): not this turn's fault
-            logger.exception("turn audio not saved: the writer process failed", extra={"turn_id": turn_id})
-            result = SavedAudio()
-        saved.set_result(result)
+            self.pending -= len(batch)
+            self._busy = False
+            following = self._next_batch()
+        for (_, _, saved), result in zip(batch, results, strict=True):
+            try:
+                saved.set_result(result)
+            except InvalidStateError:  # cancelled by its caller: nothing to tell
+                pass
+        if following:  # after this job's futures, so they resolve in the order of the turns
+            self._start(following)
 
 
 def _executor() -> Executor:
@@ -126,10 +179,11 @@ def _executor() -> Executor:
                                initializer=django_child)
 
 
-def _write(turn_id: int, audio: TurnAudio) -> SavedAudio:
+def _write_batch(items: list[tuple[int, TurnAudio]]) -> list[SavedAudio]:
+    """The writer's job: one SavedAudio per (turn id, audio), in order."""
     close_old_connections()  # a long-lived worker: drop connections the database closed
     try:
-        return turn_audio_save(turn_id=turn_id, audio=audio)
+        return _save_batch(items)
     finally:
         close_old_connections()
 
@@ -145,11 +199,84 @@ def turn_audio_save_later(*, turn_id: int, audio: TurnAudio | None) -> Future[Sa
     return _writer.submit(turn_id, audio)
 
 
-def _save(turn_id: int, audio: TurnAudio) -> SavedAudio:
-    turn = Turn.objects.select_related("conversation__persona").filter(pk=turn_id).first()
-    if turn is None:
-        logger.error("turn audio not saved: no such turn", extra={"turn_id": turn_id})
-        return SavedAudio()
+def _save_batch(items: list[tuple[int, TurnAudio]]) -> list[SavedAudio]:
+    """Store each turn's tracks, then update all their rows in one transaction. Never raises;
+    a turn that fails (gone, its files not stored, its row refused) keeps no audio and no
+    files, and costs the others nothing."""
+    results = [SavedAudio()] * len(items)
+    try:
+        # One query for the batch: compiling one query per turn was ~a quarter of the
+        # writer's CPU (py-spy of the child during P1). Only the columns the files need: a
+        # turn's texts and JSON (tool calls, timings, attempts) and the persona's prompt
+        # are not read, and decoding them doubled the query's cost for a batch of 8.
+        turns = (Turn.objects.select_related("conversation__persona")
+                 .only("index", "conversation__id", "conversation__persona__record_audio")
+                 .in_bulk({turn_id for turn_id, _ in items}))
+    except Exception:
+        logger.exception("turn audio not saved", extra={"turn_ids": [turn_id for turn_id, _ in items]})
+        return results
+    stored: list[tuple[int, int, dict[str, tuple[str, int]]]] = []  # (position, turn id, written)
+    for position, (turn_id, audio) in enumerate(items):
+        turn = turns.get(turn_id)
+        if turn is None:
+            logger.error("turn audio not saved: no such turn", extra={"turn_id": turn_id})
+            continue
+        try:
+            written = _store_tracks(turn, audio)
+        except Exception:
+            logger.exception("turn audio not saved", extra={"turn_id": turn_id})
+            continue
+        if written:
+            stored.append((position, turn_id, written))
+    try:
+        kept = _rows_update([(turn_id, written) for _, turn_id, written in stored])
+    except BaseException:
+        audio_files_delete(name for _, _, written in stored for name, _ in written.values())
+        raise
+    for (position, _, written), row_kept in zip(stored, kept, strict=True):
+        if row_kept:
+            results[position] = _saved(written)
+        else:
+            audio_files_delete(name for name, _ in written.values())
+    return results
+
+
+def _rows_update(rows: list[tuple[int, dict[str, tuple[str, int]]]]) -> list[bool]:
+    """Point each turn's row at its files, a batch's rows in one transaction (one commit for
+    the batch, not one per turn); whether each row took them. A row that is gone (the turn was
+    deleted while its audio was written) takes nothing; should the database refuse the batch,
+    each row is tried alone, so one bad row costs only its own turn."""
+    counts: list[int | None] | None = None
+    if len(rows) > 1:
+        try:
+            with transaction.atomic():
+                counts = [_row_update(turn_id, written) for turn_id, written in rows]
+        except Exception:
+            logger.warning("turn audio rows not updated together, one by one", exc_info=True,
+                           extra={"turn_ids": [turn_id for turn_id, _ in rows]})
+    if counts is None:  # a lone row (one UPDATE is a transaction of its own) or a refused batch
+        counts = [_row_update_alone(turn_id, written) for turn_id, written in rows]
+    for (turn_id, _), count in zip(rows, counts, strict=True):
+        if count == 0:
+            logger.error("turn audio not saved: the turn was deleted while its audio was written",
+                         extra={"turn_id": turn_id})
+    return [bool(count) for count in counts]
+
+
+def _row_update(turn_id: int, written: dict[str, tuple[str, int]]) -> int:
+    return Turn.objects.filter(pk=turn_id).update(**_fields(_saved(written), written))
+
+
+def _row_update_alone(turn_id: int, written: dict[str, tuple[str, int]]) -> int | None:
+    try:
+        return _row_update(turn_id, written)
+    except Exception:
+        logger.exception("turn audio not saved", extra={"turn_id": turn_id})
+        return None
+
+
+def _store_tracks(turn: Turn, audio: TurnAudio) -> dict[str, tuple[str, int]]:
+    """The turn's tracks its recording mode keeps, stored: {"user"|"reply": (name, ms)}."""
     persona = turn.conversation.persona
     mode = recording_mode(persona_records=persona is None or persona.record_audio)
     tracks = {"user": audio.uplink if mode == RECORDING_ON else None,
@@ -160,13 +287,10 @@ def _save(turn_id: int, audio: TurnAudio) -> SavedAudio:
             stored = _store_track(turn, which, track) if track else None
             if stored is not None:
                 written[which] = stored
-        saved = _saved(written)
-        if written and not Turn.objects.filter(pk=turn_id).update(**_fields(saved, written)):
-            raise LookupError("the turn was deleted while its audio was written")
     except BaseException:
         audio_files_delete(name for name, _ in written.values())
         raise
-    return saved
+    return written
 
 
 def _store_track(turn: Turn, which: str, track: AudioTrack) -> tuple[str, int] | None:

@@ -19,6 +19,7 @@ import av
 import pytest
 from django.core.files.storage import default_storage
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from conversations.capture import AttemptLog, AudioTrack, TurnAudio, attempts_from_json
 from conversations.models import Conversation, Persona, Turn
@@ -299,3 +300,196 @@ def test_the_writer_process_exits_when_its_parent_is_killed(tmp_path: Path) -> N
     while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not Path(f"/proc/{child}").exists(), "the writer process outlived its parent"
+
+
+# --- the writer's batches ------------------------------------------------------------------------
+
+
+def ogg_files(media: Path) -> list[str]:
+    return sorted(p.name for p in media.rglob("*.ogg")) if media.exists() else []
+
+
+def blocked_first_job(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
+                      write: Any = None) -> list[list[int]]:
+    """Patch the writer's job: record each job's turn ids; the first waits for `release`."""
+    jobs: list[list[int]] = []
+    write = write or recording._write_batch
+
+    def write_batch(items: list[tuple[int, TurnAudio]]) -> list[recording.SavedAudio]:
+        jobs.append([turn_id for turn_id, _ in items])
+        if len(jobs) == 1:
+            assert release.wait(30)
+        return write(items)
+
+    monkeypatch.setattr(recording, "_write_batch", write_batch)
+    return jobs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_turns_handed_over_while_a_job_runs_go_to_the_writer_as_one_batch(
+        media: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conversation = Conversation.objects.create(session_id="batch")
+    turns = [Turn.objects.create(conversation=conversation, index=i) for i in range(6)]
+    audio = turn_audio()
+    release = threading.Event()
+    jobs = blocked_first_job(monkeypatch, release)
+    writer = recording._Writer()
+    try:
+        first = writer.submit(turns[0].pk, audio)  # a quiet writer: this one starts at once
+        deadline = time.monotonic() + 30
+        while not jobs:
+            assert time.monotonic() < deadline, "the lone turn did not start"
+            time.sleep(0.01)
+        waiting = [writer.submit(t.pk, audio) for t in turns[1:]]
+        assert writer.pending == 6 and jobs == [[turns[0].pk]]
+        release.set()
+        futures = [first, *waiting]
+        assert all(future is not None for future in futures)
+        results = [future.result(timeout=60) for future in futures if future is not None]
+    finally:
+        release.set()
+        if writer._executor is not None:
+            writer._executor.shutdown(wait=True)
+    assert jobs == [[turns[0].pk], [t.pk for t in turns[1:]]]  # the five waiting turns: one job
+    for turn, saved in zip(turns, results, strict=True):
+        stored = Turn.objects.get(pk=turn.pk)
+        assert saved.user == stored.user_audio.name and saved.reply == stored.reply_audio.name
+        assert Path(saved.reply).name.startswith(f"{conversation.pk}-{turn.index}-reply")
+        assert saved.reply_ms == 60 * len(audio.downlink.packets)
+    assert len(ogg_files(media)) == 12 and writer.pending == 0
+
+
+def test_batches_are_capped_and_waiting_turns_count_against_the_bound(
+        monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    monkeypatch.setattr(recording, "MAX_PENDING", 40)
+    release = threading.Event()
+
+    def write(items: list[tuple[int, TurnAudio]]) -> list[recording.SavedAudio]:
+        return [recording.SavedAudio(reply=f"reply-{turn_id}") for turn_id, _ in items]
+
+    jobs = blocked_first_job(monkeypatch, release, write)
+    writer = recording._Writer()
+    audio = TurnAudio()
+    audio.downlink.add(b"\xf8\xff\xfe")
+    try:
+        futures = [writer.submit(turn_id, audio) for turn_id in range(41)]
+        # 1 in the writer + 39 waiting = the bound: the 41st is dropped
+        assert futures[40] is None and writer.dropped == 1 and writer.pending == 40
+        assert "turn audio dropped: the writer is behind" in caplog.text
+        release.set()
+        replies = [future.result(timeout=30).reply for future in futures[:40] if future is not None]
+    finally:
+        release.set()
+        if writer._executor is not None:
+            writer._executor.shutdown(wait=True)
+    assert replies == [f"reply-{turn_id}" for turn_id in range(40)]  # each its own, in order
+    assert [len(job) for job in jobs] == [1, recording.MAX_BATCH, 40 - 1 - recording.MAX_BATCH]
+    assert writer.pending == 0
+
+
+def test_a_failed_job_costs_only_its_own_turns(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    release = threading.Event()
+
+    def write(items: list[tuple[int, TurnAudio]]) -> list[recording.SavedAudio]:
+        if items[0][0] == 1:
+            raise RuntimeError("the writer process died")  # what a BrokenProcessPool does to a job
+        return [recording.SavedAudio(reply=f"reply-{turn_id}") for turn_id, _ in items]
+
+    jobs = blocked_first_job(monkeypatch, release, write)
+    writer = recording._Writer()
+    audio = TurnAudio()
+    audio.downlink.add(b"\xf8\xff\xfe")
+    try:
+        futures = [writer.submit(turn_id, audio) for turn_id in (1, 2, 3)]
+        release.set()
+        replies = [future.result(timeout=30).reply for future in futures if future is not None]
+    finally:
+        release.set()
+        if writer._executor is not None:
+            writer._executor.shutdown(wait=True)
+    assert jobs == [[1], [2, 3]] and replies == ["", "reply-2", "reply-3"]
+    [record] = [r for r in caplog.records if r.getMessage() == "turn audio not saved: the writer process failed"]
+    assert record.turn_ids == [1]  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_costs_one_query_for_its_turns_and_one_transaction_for_its_rows(media: Path) -> None:
+    persona = Persona.objects.create(name="Batch")
+    conversations = [Conversation.objects.create(session_id=f"b{i}", persona=persona if i else None)
+                     for i in range(2)]
+    turns = [Turn.objects.create(conversation=conversations[i % 2], index=i) for i in range(5)]
+    audio = turn_audio()
+    with CaptureQueriesContext(connection) as queries:
+        results = recording._write_batch([(turn.pk, audio) for turn in turns])
+    sql = [query["sql"] for query in queries.captured_queries]
+    selects = [s for s in sql if s.upper().startswith("SELECT")]
+    assert len(selects) == 1 and '"conversations_turn"' in selects[0] and '"conversations_persona"' in selects[0]
+    updates = [i for i, s in enumerate(sql) if s.upper().startswith("UPDATE")]
+    commits = [i for i, s in enumerate(sql) if s.upper() == "COMMIT"]
+    assert len(updates) == 5 and len(commits) == 1 and max(updates) < commits[0]  # one commit, after them all
+    for turn, saved in zip(turns, results, strict=True):
+        stored = Turn.objects.get(pk=turn.pk)
+        assert saved.reply and stored.reply_audio.name == saved.reply and stored.user_audio.name == saved.user
+        assert Path(saved.user).name.startswith(f"{turn.conversation_id}-{turn.index}-user")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_of_a_batch_deleted_meanwhile_keeps_no_files_and_the_others_are_saved(
+        media: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    conversation = Conversation.objects.create(session_id="gone")
+    kept, gone = (Turn.objects.create(conversation=conversation, index=i) for i in range(2))
+    store_track = recording._store_track
+
+    def store_and_delete(turn: Turn, which: str, track: AudioTrack) -> tuple[str, int] | None:
+        stored = store_track(turn, which, track)
+        if turn.pk == gone.pk and which == "reply":  # both its files written, then the row goes
+            Turn.objects.filter(pk=gone.pk).delete()
+        return stored
+
+    monkeypatch.setattr(recording, "_store_track", store_and_delete)
+    audio = turn_audio()
+    missing = gone.pk + 1000
+    results = recording._write_batch([(kept.pk, audio), (gone.pk, audio), (missing, audio)])
+    assert results[1] == results[2] == recording.SavedAudio()
+    stored = Turn.objects.get(pk=kept.pk)
+    assert results[0].reply == stored.reply_audio.name and results[0].user == stored.user_audio.name
+    assert ogg_files(media) == sorted(Path(name).name for name in (results[0].user, results[0].reply))
+    messages = {r.getMessage(): getattr(r, "turn_id", None) for r in caplog.records}
+    assert messages["turn audio not saved: the turn was deleted while its audio was written"] == gone.pk
+    assert messages["turn audio not saved: no such turn"] == missing
+
+
+class FailingStorage:
+    """The default storage, except that saving a name containing `marker` fails."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def save(self, name: str, content: Any) -> str:
+        if self.marker in name:
+            raise OSError("No space left on device")
+        return default_storage.save(name, content)
+
+    def delete(self, name: str) -> None:
+        default_storage.delete(name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_storage_failure_for_one_turn_does_not_lose_the_others(
+        media: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    conversation = Conversation.objects.create(session_id="disk")
+    turns = [Turn.objects.create(conversation=conversation, index=i, user_text=f"turn {i}") for i in range(3)]
+    # turn 1's user file is written, its reply file fails: it must keep neither
+    monkeypatch.setattr(recording, "default_storage", FailingStorage(f"/{conversation.pk}-1-reply"))
+    audio = turn_audio()
+    results = recording._write_batch([(turn.pk, audio) for turn in turns])
+    assert results[1] == recording.SavedAudio()
+    failed = Turn.objects.get(pk=turns[1].pk)
+    assert not failed.user_audio and not failed.reply_audio and failed.user_text == "turn 1"
+    for position in (0, 2):
+        stored = Turn.objects.get(pk=turns[position].pk)
+        assert results[position].reply == stored.reply_audio.name and results[position].user == stored.user_audio.name
+    written = [name for p in (0, 2) for name in (results[p].user, results[p].reply)]
+    assert ogg_files(media) == sorted(Path(name).name for name in written)
+    [record] = [r for r in caplog.records if r.getMessage() == "turn audio not saved"]
+    assert record.turn_id == turns[1].pk and record.exc_info is not None  # type: ignore[attr-defined]
