@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -325,6 +327,24 @@ def blocked_first_job(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
     return jobs
 
 
+@contextmanager
+def thread_writer(release: threading.Event) -> Iterator[recording._Writer]:
+    """A writer of the test's own; on the way out the blocked job is let go and its thread ends."""
+    writer = recording._Writer()
+    try:
+        yield writer
+    finally:
+        release.set()
+        if writer._executor is not None:
+            writer._executor.shutdown(wait=True)
+
+
+def one_packet_reply() -> TurnAudio:
+    audio = TurnAudio()
+    audio.downlink.add(b"\xf8\xff\xfe")
+    return audio
+
+
 @pytest.mark.django_db(transaction=True)
 def test_turns_handed_over_while_a_job_runs_go_to_the_writer_as_one_batch(
         media: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -333,8 +353,7 @@ def test_turns_handed_over_while_a_job_runs_go_to_the_writer_as_one_batch(
     audio = turn_audio()
     release = threading.Event()
     jobs = blocked_first_job(monkeypatch, release)
-    writer = recording._Writer()
-    try:
+    with thread_writer(release) as writer:
         first = writer.submit(turns[0].pk, audio)  # a quiet writer: this one starts at once
         deadline = time.monotonic() + 30
         while not jobs:
@@ -346,10 +365,6 @@ def test_turns_handed_over_while_a_job_runs_go_to_the_writer_as_one_batch(
         futures = [first, *waiting]
         assert all(future is not None for future in futures)
         results = [future.result(timeout=60) for future in futures if future is not None]
-    finally:
-        release.set()
-        if writer._executor is not None:
-            writer._executor.shutdown(wait=True)
     assert jobs == [[turns[0].pk], [t.pk for t in turns[1:]]]  # the five waiting turns: one job
     for turn, saved in zip(turns, results, strict=True):
         stored = Turn.objects.get(pk=turn.pk)
@@ -368,20 +383,14 @@ def test_batches_are_capped_and_waiting_turns_count_against_the_bound(
         return [recording.SavedAudio(reply=f"reply-{turn_id}") for turn_id, _ in items]
 
     jobs = blocked_first_job(monkeypatch, release, write)
-    writer = recording._Writer()
-    audio = TurnAudio()
-    audio.downlink.add(b"\xf8\xff\xfe")
-    try:
+    audio = one_packet_reply()
+    with thread_writer(release) as writer:
         futures = [writer.submit(turn_id, audio) for turn_id in range(41)]
         # 1 in the writer + 39 waiting = the bound: the 41st is dropped
         assert futures[40] is None and writer.dropped == 1 and writer.pending == 40
         assert "turn audio dropped: the writer is behind" in caplog.text
         release.set()
         replies = [future.result(timeout=30).reply for future in futures[:40] if future is not None]
-    finally:
-        release.set()
-        if writer._executor is not None:
-            writer._executor.shutdown(wait=True)
     assert replies == [f"reply-{turn_id}" for turn_id in range(40)]  # each its own, in order
     assert [len(job) for job in jobs] == [1, recording.MAX_BATCH, 40 - 1 - recording.MAX_BATCH]
     assert writer.pending == 0
@@ -396,17 +405,11 @@ def test_a_failed_job_costs_only_its_own_turns(monkeypatch: pytest.MonkeyPatch, 
         return [recording.SavedAudio(reply=f"reply-{turn_id}") for turn_id, _ in items]
 
     jobs = blocked_first_job(monkeypatch, release, write)
-    writer = recording._Writer()
-    audio = TurnAudio()
-    audio.downlink.add(b"\xf8\xff\xfe")
-    try:
+    audio = one_packet_reply()
+    with thread_writer(release) as writer:
         futures = [writer.submit(turn_id, audio) for turn_id in (1, 2, 3)]
         release.set()
         replies = [future.result(timeout=30).reply for future in futures if future is not None]
-    finally:
-        release.set()
-        if writer._executor is not None:
-            writer._executor.shutdown(wait=True)
     assert jobs == [[1], [2, 3]] and replies == ["", "reply-2", "reply-3"]
     [record] = [r for r in caplog.records if r.getMessage() == "turn audio not saved: the writer process failed"]
     assert record.turn_ids == [1]  # type: ignore[attr-defined]
