@@ -357,6 +357,12 @@ def own_cpu_seconds() -> float:
     return cpu_seconds(os.getpid())
 
 
+def steal_note(span: str) -> str:
+    """The reports' footnote for their `steal` column; `span`: "phase" or "step"."""
+    return (f"steal: CPU the hypervisor gave to other guests over the {span}, as a share of one core (the "
+            "machine's, not the server's); a run with much steal measures the neighbours, not the code.")
+
+
 STEAL_FIELD = 7  # /proc/stat's `cpu` line: user nice system idle iowait irq softirq steal ...
 
 

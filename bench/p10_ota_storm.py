@@ -48,7 +48,7 @@ from typing import TypeVar
 import aiohttp
 from common import (
     BASE_DIR, BenchServer, core_share, fmt, header, md_table, median, own_cpu_seconds, percentile, server_modes,
-    steal_seconds, verdict,
+    steal_note, steal_seconds, verdict,
 )
 from loadgen import LightDevice, mac_for
 
@@ -337,8 +337,7 @@ def report(phases: list[Phase], devices: int, window: float, mode: str, breakdow
     print(md_table(["phase", "OTA answers", "OTA p50 ms", "p90", "p99", "max", "hellos", "hello p50 ms", "hello p99",
                     "errors", "seconds", "CPU server / load gen", "steal"], rows))
     print("\nCPU: share of one core over the phase (2 cores = 200%); the load generator shares the cores. "
-          "steal: CPU the hypervisor gave to other guests over the phase, as a share of one core (the machine's, "
-          "not the server's); a run with much steal measures the neighbours, not the code.")
+          + steal_note("phase"))
     for phase in phases:
         if phase.errors:
             print(f"- {phase.name} errors: " + ", ".join(f"{k}: {v}" for k, v in sorted(phase.errors.items())))

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from common import (
     FAKE_PERSONA, BenchServer, core_share, fmt, header, md_table, median, own_cpu_seconds,
-    percentile, steal_seconds, verdict,
+    percentile, steal_note, steal_seconds, verdict,
 )
 from loadgen import LightDevice, Utterance, mac_for, talk
 
@@ -191,8 +191,7 @@ def report(phases: list[Phase]) -> None:
     print("\n(turn_model_ms: Smart Turn's run per turn, `--turn smart`; turn_silence_ms: quiet heard after the")
     print("last voice when the turn ended, in either mode)")
     print("\nCPU: share of one core over the phase (2 cores = 200%); the load generator runs on the same cores.")
-    print("steal: CPU the hypervisor gave to other guests over the phase, as a share of one core (the machine's,")
-    print("not the server's); a run with much steal measures the neighbours, not the code.")
+    print(steal_note("phase"))
     for phase in phases:
         ok = median(phase.server_ms) <= P50_TARGET_MS and percentile(phase.server_ms, 0.99) <= P99_TARGET_MS
         ok = ok and bool(phase.server_ms) and phase.timeouts == 0

@@ -51,7 +51,7 @@ from typing import Any
 
 from common import (
     FAKE_PERSONA, BenchServer, ServerMode, core_share, fmt, header, md_table, median, own_cpu_seconds, percentile,
-    server_modes, steal_seconds, verdict,
+    server_modes, steal_note, steal_seconds, verdict,
 )
 from loadgen import LightDevice, Microphones, mac_for, with_room_noise
 
@@ -71,8 +71,6 @@ SENTENCES = [
 
 ARRIVAL_S = 10.0  # --overload: devices arrive over this long
 MIXES = ("dtx", "noise")
-STEAL_NOTE = ("steal: CPU the hypervisor gave to other guests over the step, as a share of one core (the machine's, "
-              "not the server's); a run with much steal measures the neighbours, not the code.")
 
 
 def speech_loop(noise: bool = False) -> list[bytes]:
@@ -308,7 +306,7 @@ def report(steps: list[Step], duration: float) -> None:
           "the final second or in flight at close).")
     print("CPU: share of one core over the step (2 cores = 200%); the load generator shares the cores. "
           "µs per frame: server CPU over the step / frames heard (all processes; their main threads).")
-    print(STEAL_NOTE)
+    print(steal_note("step"))
     print("mix: dtx = every device's pauses are DTX packets; noise = half the devices stream room noise at full "
           "rate (no DTX), the other half DTX.")
     for step in steps:
@@ -338,7 +336,7 @@ def overload_report(step: Step, capacity: int, workers: int, duration: float) ->
     ))  # fmt: skip
     print("\nclose codes seen at connect: " + (", ".join(f"{k}: {v}" for k, v in sorted(step.refusals.items()))
                                              or "none"))
-    print(STEAL_NOTE)
+    print(steal_note("step"))
     ok = step.refused > 0 and step.dropped == 0 and step.lag_percentile(0.99) <= LAG_TARGET_MS
     print()
     print(verdict(f"{step.devices / capacity:g}x capacity arriving: the admitted devices keep lag p99 ≤ "

@@ -201,8 +201,8 @@ def turn_audio_save_later(*, turn_id: int, audio: TurnAudio | None) -> Future[Sa
 
 def _save_batch(items: list[tuple[int, TurnAudio]]) -> list[SavedAudio]:
     """Store each turn's tracks, then update all their rows in one transaction. Never raises;
-    a turn that fails (gone, its files not stored, its row refused) keeps no audio and no
-    files, and costs the others nothing."""
+    a turn that fails (gone, its files not stored) keeps no audio and no files, and costs the
+    others nothing; a refused transaction keeps the batch's files off every row, and deletes them."""
     results = [SavedAudio()] * len(items)
     try:
         # One query for the batch: compiling one query per turn was ~a quarter of the
@@ -242,37 +242,21 @@ def _save_batch(items: list[tuple[int, TurnAudio]]) -> list[SavedAudio]:
 
 
 def _rows_update(rows: list[tuple[int, dict[str, tuple[str, int]]]]) -> list[bool]:
-    """Point each turn's row at its files, a batch's rows in one transaction (one commit for
+    """Point each turn's row at its files, the batch's rows in one transaction (one commit for
     the batch, not one per turn); whether each row took them. A row that is gone (the turn was
-    deleted while its audio was written) takes nothing; should the database refuse the batch,
-    each row is tried alone, so one bad row costs only its own turn."""
-    counts: list[int | None] | None = None
-    if len(rows) > 1:
-        try:
-            with transaction.atomic():
-                counts = [_row_update(turn_id, written) for turn_id, written in rows]
-        except Exception:
-            logger.warning("turn audio rows not updated together, one by one", exc_info=True,
-                           extra={"turn_ids": [turn_id for turn_id, _ in rows]})
-    if counts is None:  # a lone row (one UPDATE is a transaction of its own) or a refused batch
-        counts = [_row_update_alone(turn_id, written) for turn_id, written in rows]
+    deleted while its audio was written) takes nothing; a refused transaction keeps none."""
+    try:
+        with transaction.atomic():
+            counts = [Turn.objects.filter(pk=turn_id).update(**_fields(_saved(written), written))
+                      for turn_id, written in rows]
+    except Exception:
+        logger.exception("turn audio not saved", extra={"turn_ids": [turn_id for turn_id, _ in rows]})
+        return [False] * len(rows)
     for (turn_id, _), count in zip(rows, counts, strict=True):
-        if count == 0:
+        if not count:
             logger.error("turn audio not saved: the turn was deleted while its audio was written",
                          extra={"turn_id": turn_id})
     return [bool(count) for count in counts]
-
-
-def _row_update(turn_id: int, written: dict[str, tuple[str, int]]) -> int:
-    return Turn.objects.filter(pk=turn_id).update(**_fields(_saved(written), written))
-
-
-def _row_update_alone(turn_id: int, written: dict[str, tuple[str, int]]) -> int | None:
-    try:
-        return _row_update(turn_id, written)
-    except Exception:
-        logger.exception("turn audio not saved", extra={"turn_id": turn_id})
-        return None
 
 
 def _store_tracks(turn: Turn, audio: TurnAudio) -> dict[str, tuple[str, int]]:

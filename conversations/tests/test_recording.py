@@ -496,3 +496,21 @@ def test_a_storage_failure_for_one_turn_does_not_lose_the_others(
     assert ogg_files(media) == sorted(Path(name).name for name in written)
     [record] = [r for r in caplog.records if r.getMessage() == "turn audio not saved"]
     assert record.turn_id == turns[1].pk and record.exc_info is not None  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_update_keeps_the_batchs_files_off_every_row_and_deletes_them(
+        media: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    conversation = Conversation.objects.create(session_id="refused")
+    turns = [Turn.objects.create(conversation=conversation, index=i) for i in range(2)]
+
+    def refuse(*_: Any) -> dict[str, Any]:
+        raise RuntimeError("database gone")
+
+    monkeypatch.setattr(recording, "_fields", refuse)
+    results = recording._write_batch([(turn.pk, turn_audio()) for turn in turns])
+    assert results == [recording.SavedAudio()] * 2
+    assert not any(t.user_audio or t.reply_audio for t in Turn.objects.filter(pk__in=[t.pk for t in turns]))
+    assert ogg_files(media) == []
+    [record] = [r for r in caplog.records if r.getMessage() == "turn audio not saved"]
+    assert record.turn_ids == [t.pk for t in turns]  # type: ignore[attr-defined]
