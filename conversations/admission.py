@@ -37,6 +37,19 @@ connection and the upgrade); then `FIRST_BUDGET` in one read once the hearing is
 `FIRST_BUDGET` more every tick on time, until `FREE_BUDGET` ends the pacing. A hold lasts at
 most `MAX_HOLD_SECONDS`; a hearing late for longer gets `FIRST_BUDGET` a tick, so the admin,
 the check-ins and the refusals still get in.
+
+**Set-ups.** Pacing reads a lag that is already there, and at twice the capacity arriving in
+10 s the last admissions still made it: a worker near its streaming limit spent the CPU it had
+left on the newcomers' authentication, session set-up, hello and MCP handshake (~5 ms each on
+top of the ~3 ms the upgrade costs), and the admitted devices' hearing fell 100-150 ms behind
+(docs/performance.md, session 37). So the last `LAST_PLACES_SHARE` of the places fill at a
+measured pace: a device admitted into them gets its upgrade at once, then waits
+`setup_delay` (one set-up every `LAST_PLACES_FILL_SECONDS` / their number, at most
+`MAX_SETUP_SPACING` apart; 83 ms at a limit of 200) before its session is set up and its hello
+answered. A lone arrival waits at most one spacing, a burst at most ~5 s, within the
+firmware's 10 s for the server's hello; a device that leaves while it waits is set up and
+closed at its turn.
+
 The watcher is one timer per process, started by the first device socket.
 """
 from __future__ import annotations
@@ -60,6 +73,9 @@ ARRIVING_SECONDS = 5.0  # an admitted socket holds its place this long before it
 MAX_HOLD_SECONDS = 1.0  # new connections wait at most this long in a row, then a few are taken
 FIRST_BUDGET = 2  # new connections taken in the first tick after a hold, and more in every tick on time
 FREE_BUDGET = 32  # the budget at which pacing ends (0.8 s on time after a hold)
+LAST_PLACES_SHARE = 0.3  # the last 30 % of the streaming places...
+LAST_PLACES_FILL_SECONDS = 5.0  # ...take this long to fill when all are wanted at once...
+MAX_SETUP_SPACING = 0.25  # ...with set-ups never spaced more than this (small limits)
 
 
 @dataclass(frozen=True)
@@ -106,6 +122,7 @@ class Admission:
         self._lagging_until = 0.0  # loop time until which the lag keeps refusing
         self._over = 0  # samples in a row over the limit
         self.refused = 0
+        self._next_setup = 0.0  # loop time before which no device of the last places is set up
         self._task: asyncio.Task[None] | None = None
 
     # -- the decision -------------------------------------------------------------------------
@@ -142,6 +159,16 @@ class Admission:
         if socket is not None and self.limits.max_streaming:  # only a streaming limit counts them
             self._sockets.add(socket)
         return None
+
+    def setup_delay(self, now: float) -> float:
+        """Seconds a device just admitted waits before its session is set up (module docstring,
+        "Set-ups"): 0, except in the last places, whose set-ups are spaced out."""
+        most = self.limits.max_streaming
+        if not most or self.streaming + self.admitted_since_count <= most * (1 - LAST_PLACES_SHARE):
+            return 0.0
+        start = max(self._next_setup, now)
+        self._next_setup = start + min(MAX_SETUP_SPACING, LAST_PLACES_FILL_SECONDS / (most * LAST_PLACES_SHARE))
+        return start - now
 
     def withdraw(self) -> None:
         """A socket admitted a moment ago was then refused (its handshake did not authenticate):

@@ -175,6 +175,14 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if not self._take_slot(bound=True):  # an unbound device's own limit: after authentication
             await self._refuse_no_slot(bound=True)
             return
+        delay = admission().setup_delay(self._admitted_at)
+        if delay:  # one of the last places: its set-up waits its turn (admission's "Set-ups")
+            self._admitted_at += delay  # the place is held while it waits
+            # The upgrade now: daphne rejects one not accepted within 5 s; the firmware then
+            # waits 10 s for the server's hello.
+            await self.accept()
+            self._open = True
+            await asyncio.sleep(delay)
         try:
             await self._authenticate_and_start()
         except Exception:  # e.g. the database or the channel layer is unreachable
@@ -253,8 +261,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self._tap = (self.scope.get("extensions") or {}).get(BINARY_TAP)
         if self._tap is not None:
             self._tap.sink = self._binary_now
-        await self.accept()
-        self._open = True
+        if not self._open:
+            await self.accept()
+            self._open = True
         await self.session.start()
 
     async def _replace(self, previous: str, session_id: str) -> None:

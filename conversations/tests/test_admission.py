@@ -3,6 +3,7 @@ connected keep their sessions. The watcher runs on the virtual-time loop, so "la
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +16,10 @@ from conversations import admission as admission_module
 from conversations.admission import (
     FIRST_BUDGET,
     FREE_BUDGET,
+    LAST_PLACES_FILL_SECONDS,
+    LAST_PLACES_SHARE,
     MAX_HOLD_SECONDS,
+    MAX_SETUP_SPACING,
     OVER_SAMPLES,
     RECOVER_SECONDS,
     TICK_SECONDS,
@@ -23,7 +27,14 @@ from conversations.admission import (
     Limits,
 )
 from conversations.routing import websocket_urlpatterns
-from conversations.tests.test_consumer import assert_alive, close_of, headers_for, open_socket, session_of
+from conversations.tests.test_consumer import (
+    PLAIN_HELLO,
+    assert_alive,
+    close_of,
+    headers_for,
+    open_socket,
+    session_of,
+)
 from devices.models import Device
 from devices.protocol.close_codes import CloseCode
 from devices.tests.factories import BoundDeviceFactory
@@ -116,6 +127,45 @@ async def test_a_hearing_late_for_long_gets_a_trickle_of_new_connections_not_a_l
     gate.observe_hearing(50.0, 2.05)  # late again once the budget has grown past the trickle: held
     assert paced[-2:] == [2 * FIRST_BUDGET, 0]
     assert gate.holds == 2
+
+
+async def test_the_last_places_set_up_their_devices_one_spacing_apart() -> None:
+    most = 200
+    spacing = LAST_PLACES_FILL_SECONDS / (most * LAST_PLACES_SHARE)
+    assert spacing < MAX_SETUP_SPACING
+    gate = Admission(Limits(max_streaming=most), count_streaming=lambda: 0)
+    gate.observe_streaming(int(most * (1 - LAST_PLACES_SHARE)) - 1)
+    assert gate.admit() is None and gate.setup_delay(10.0) == 0.0  # the first 70 %: at once
+    delays = []
+    for _ in range(5):  # a burst into the last places, all at the same moment
+        assert gate.admit() is None
+        delays.append(gate.setup_delay(10.0))
+    assert delays == pytest.approx([0.0, spacing, 2 * spacing, 3 * spacing, 4 * spacing])
+    assert gate.admit() is None
+    assert gate.setup_delay(10.0 + 4 * spacing) == pytest.approx(spacing)  # behind the burst's last
+    assert gate.admit() is None
+    assert gate.setup_delay(30.0) == 0.0  # a lone arrival after a quiet spell: at once
+
+
+async def test_a_burst_into_the_last_places_waits_at_most_their_fill_time() -> None:
+    most = 50
+    gate = Admission(Limits(max_streaming=most), count_streaming=lambda: 0)
+    delays = []
+    while gate.admit() is None:  # every place wanted at the same moment
+        delays.append(gate.setup_delay(0.0))
+    assert len(delays) == most
+    assert delays[: int(most * (1 - LAST_PLACES_SHARE))] == [0.0] * int(most * (1 - LAST_PLACES_SHARE))
+    assert 0 < max(delays) <= LAST_PLACES_FILL_SECONDS  # within the firmware's 10 s for the hello
+
+
+async def test_small_limits_space_set_ups_no_more_than_the_cap_and_no_limit_never_waits() -> None:
+    gate = Admission(Limits(max_streaming=2), count_streaming=lambda: 0)
+    gate.observe_streaming(1)
+    assert gate.admit() is None and gate.setup_delay(0.0) == 0.0
+    gate.observe_streaming(1)
+    assert gate.admit() is None and gate.setup_delay(0.0) == MAX_SETUP_SPACING  # not 5 s / 0.6 places
+    unlimited = Admission(Limits(), count_streaming=lambda: 10_000)
+    assert [unlimited.setup_delay(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
 
 
 async def test_without_a_hold_threshold_or_a_server_to_pace_nothing_is_held() -> None:
@@ -212,6 +262,29 @@ async def test_a_handshake_refused_after_admission_leaves_its_place_to_the_next_
     assert await close_of(forged) == (CloseCode.AUTH_FAILED, "token invalid")
     await session_of(second, sockets)  # the forged socket's place was given back before the next count
 
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_device_in_the_last_places_is_upgraded_at_once_and_set_up_at_its_turn(
+        sockets: list, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.XIAOZHI_MAX_STREAMING_SESSIONS = 10
+    monkeypatch.setattr(admission_module, "MAX_SETUP_SPACING", 3.0)
+    monkeypatch.setattr(admission_module, "LAST_PLACES_FILL_SECONDS", 100.0)  # the cap decides: 3 s apart
+    first, second = [await database_sync_to_async(BoundDeviceFactory)() for _ in range(2)]
+    gate = admission_module.admission()
+    await session_of(first, sockets)  # starts the watcher; the test does the counting instead
+    gate._task.cancel()  # type: ignore[union-attr]
+    gate.observe_streaming(8)  # 8 of 10 places held: the last 30 %
+    assert gate.setup_delay(asyncio.get_running_loop().time()) == 0.0  # a set-up just went: the next waits
+    waiting = await open_socket(sockets, headers_for(second))  # the upgrade is not held
+    row = await database_sync_to_async(Device.objects.get)(pk=second.pk)
+    assert row.session_id == ""  # not claimed yet: its set-up waits its turn
+    assert admission_module.streaming_places(gate._sockets, asyncio.get_running_loop().time()) == 2  # its place held
+    await waiting.send_to(text_data=PLAIN_HELLO)
+    reply = json.loads(await waiting.receive_from(timeout=10))
+    assert reply["type"] == "hello"  # answered once set up, within the firmware's 10 s
+    row = await database_sync_to_async(Device.objects.get)(pk=second.pk)
+    assert row.session_id == reply["session_id"]
 
 
 @pytest.mark.django_db(transaction=True)
