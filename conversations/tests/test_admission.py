@@ -279,7 +279,8 @@ async def test_a_device_in_the_last_places_is_upgraded_at_once_and_set_up_at_its
     waiting = await open_socket(sockets, headers_for(second))  # the upgrade is not held
     row = await database_sync_to_async(Device.objects.get)(pk=second.pk)
     assert row.session_id == ""  # not claimed yet: its set-up waits its turn
-    assert admission_module.streaming_places(gate._sockets, asyncio.get_running_loop().time()) == 2  # its place held
+    monkeypatch.setattr(admission_module, "ARRIVING_SECONDS", 0.0)  # the first device's grace is over
+    assert admission_module.streaming_places(gate._sockets, asyncio.get_running_loop().time()) == 1  # the waiting one's
     await waiting.send_to(text_data=PLAIN_HELLO)
     reply = json.loads(await waiting.receive_from(timeout=10))
     assert reply["type"] == "hello"  # answered once set up, within the firmware's 10 s
