@@ -130,11 +130,15 @@ class Admission:
     def refusal(self, now: float) -> str | None:
         """Why a new device must wait right now, or None."""
         limits = self.limits
-        if limits.max_streaming and self.streaming + self.admitted_since_count >= limits.max_streaming:
+        if limits.max_streaming and self._places_held() >= limits.max_streaming:
             return "server busy: streaming capacity reached"
         if limits.max_lag_ms and now < self._lagging_until:
             return "server busy: overloaded"
         return None
+
+    def _places_held(self) -> int:
+        """Streaming places taken: at the last count, and admitted since."""
+        return self.streaming + self.admitted_since_count
 
     def turn_away(self) -> str | None:
         """Why a new device socket is refused right now (counted, and logged once per burst),
@@ -164,7 +168,7 @@ class Admission:
         """Seconds a device just admitted waits before its session is set up (module docstring,
         "Set-ups"): 0, except in the last places, whose set-ups are spaced out."""
         most = self.limits.max_streaming
-        if not most or self.streaming + self.admitted_since_count <= most * (1 - LAST_PLACES_SHARE):
+        if not most or self._places_held() <= most * (1 - LAST_PLACES_SHARE):
             return 0.0
         start = max(self._next_setup, now)
         self._next_setup = start + min(MAX_SETUP_SPACING, LAST_PLACES_FILL_SECONDS / (most * LAST_PLACES_SHARE))

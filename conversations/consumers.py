@@ -180,8 +180,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             self._admitted_at += delay  # the place is held while it waits
             # The upgrade now: daphne rejects one not accepted within 5 s; the firmware then
             # waits 10 s for the server's hello.
-            await self.accept()
-            self._open = True
+            await self._accept_once()
             await asyncio.sleep(delay)
         try:
             await self._authenticate_and_start()
@@ -243,11 +242,14 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if self._admitted:  # nor a place with admission: it will not stream
             self._admitted = False
             admission().withdraw()
-        # Accept first: a close before accept is an HTTP 403 without code or reason.
+        await self._accept_once()  # first: a close before accept is an HTTP 403 without code or reason
+        await self.close(code=code, reason=reason)
+
+    async def _accept_once(self) -> None:
+        """The upgrade, unless this socket has had it (a device waiting for its set-up)."""
         if not self._open:
             await self.accept()
             self._open = True
-        await self.close(code=code, reason=reason)
 
     async def _start(self, device: Device, config: SessionConfig, persona_id: int | None) -> None:
         # The tool list stored on the row, so a reconnecting device's unchanged list is not rewritten.
@@ -261,9 +263,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         self._tap = (self.scope.get("extensions") or {}).get(BINARY_TAP)
         if self._tap is not None:
             self._tap.sink = self._binary_now
-        if not self._open:
-            await self.accept()
-            self._open = True
+        await self._accept_once()
         await self.session.start()
 
     async def _replace(self, previous: str, session_id: str) -> None:

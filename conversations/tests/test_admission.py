@@ -26,6 +26,7 @@ from conversations.admission import (
     Admission,
     Limits,
 )
+from conversations.consumers import DeviceConsumer
 from conversations.routing import websocket_urlpatterns
 from conversations.tests.test_consumer import (
     PLAIN_HELLO,
@@ -286,6 +287,32 @@ async def test_a_device_in_the_last_places_is_upgraded_at_once_and_set_up_at_its
     assert reply["type"] == "hello"  # answered once set up, within the firmware's 10 s
     row = await database_sync_to_async(Device.objects.get)(pk=second.pk)
     assert row.session_id == reply["session_id"]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_device_that_talks_junk_and_leaves_while_it_waits_leaves_nothing_behind(
+        sockets: list, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.XIAOZHI_MAX_STREAMING_SESSIONS = 10
+    monkeypatch.setattr(admission_module, "MAX_SETUP_SPACING", 1.0)
+    monkeypatch.setattr(admission_module, "LAST_PLACES_FILL_SECONDS", 100.0)
+    first, second = [await database_sync_to_async(BoundDeviceFactory)() for _ in range(2)]
+    gate = admission_module.admission()
+    await session_of(first, sockets)
+    gate._task.cancel()  # type: ignore[union-attr]
+    gate.observe_streaming(8)
+    gate.setup_delay(asyncio.get_running_loop().time())  # a set-up just went: the next waits 1 s
+    before = DeviceConsumer.active_connections
+    leaving = WebsocketCommunicator(APP, "/xiaozhi/v1/", headers=headers_for(second))
+    connected, _ = await leaving.connect()
+    assert connected and DeviceConsumer.active_connections == before + 1
+    await leaving.send_to(text_data="{not json")
+    await leaving.send_to(bytes_data=b"\xff" * 4096)
+    await leaving.send_input({"type": "websocket.disconnect", "code": 1006})  # gone before its turn
+    await leaving.wait(timeout=10)  # set up at its turn, then closed: the consumer ends
+    assert DeviceConsumer.active_connections == before  # its slot given back
+    row = await database_sync_to_async(Device.objects.get)(pk=second.pk)
+    assert not row.is_online  # claimed at its set-up, then marked offline
+    await assert_alive(sockets[0])
 
 
 @pytest.mark.django_db(transaction=True)
