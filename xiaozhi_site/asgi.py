@@ -10,7 +10,7 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (after Django setup)
 
-from xiaozhi_site import daphne_close, daphne_limits, tcp_io, ws_fastpath  # noqa: E402
+from xiaozhi_site import daphne_close, daphne_limits, tcp_write, ws_fastpath  # noqa: E402
 from xiaozhi_site.collector import settle_heap  # noqa: E402
 from xiaozhi_site.device_http import device_http_application  # noqa: E402
 from xiaozhi_site.listening import ListeningPorts  # noqa: E402
@@ -18,7 +18,7 @@ from xiaozhi_site.listening import ListeningPorts  # noqa: E402
 daphne_close.install()  # close codes such as 1013 and their reasons reach the client
 daphne_limits.install(daphne_limits.limits_from_settings())  # timeouts and sizes, before Django
 ws_fastpath.install()  # autobahn's per-frame unmasking and debug line, made cheap (issue 17)
-tcp_io.install()  # writes sent at once; reads and writes that keep the interpreter lock
+tcp_write.install()  # a write with nothing queued goes to the socket at once, keeping the interpreter lock
 
 from conversations.admission import refusal_before_application, set_pace  # noqa: E402
 from conversations.routing import websocket_urlpatterns  # noqa: E402
