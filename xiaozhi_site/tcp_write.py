@@ -19,7 +19,8 @@ loop's samples in the sends, nearly all of it waiting for the lock, with replies
 frames each. A non-blocking send takes microseconds, so here it calls libc's `send` through
 `ctypes.PyDLL` (which keeps the lock) with `MSG_DONTWAIT`: it cannot block whatever the
 socket's state. Measured on the 2-core Intel machine (docs/performance.md, session 38): P1 at
-200 devices p99 17.7-25.3 ms against 23.5-32.4 ms, in 6 interleaved pairs out of 6. Reads keep
+200 devices p99 17.7-25.3 ms against 23.5-32.4 ms, better in 6 interleaved pairs of 6 (in 4 of
+them the reads kept the lock too; in the slower hour 24.6-52.3 against 50.8-86.9). Reads keep
 Python's `recv`: the loop keeping the lock there too made the hearing later at 400-600
 streaming devices (there the loop's reads are most of its work, and the hearing thread
 waits for them instead).
