@@ -39,11 +39,10 @@ import sys
 from typing import Any
 
 NATIVE = sys.platform.startswith("linux")  # libc's send with Linux's flags
-# never block; a closed peer is an error, not a signal
-_FLAGS = getattr(socket, "MSG_DONTWAIT", 0) | getattr(socket, "MSG_NOSIGNAL", 0)
 _FULL = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS)
 
 if NATIVE:
+    _FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL  # never block; a closed peer is an error, not a signal
     _send = ctypes.PyDLL(None, use_errno=True).send  # PyDLL: the call keeps the lock
     _send.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int)
     _send.restype = ctypes.c_ssize_t
@@ -57,7 +56,7 @@ def _send_now(connection: Any, data: bytes) -> int | None:
     if not NATIVE:
         sent = connection.writeSomeData(data)  # Python's send: gives the lock up
         return sent if isinstance(sent, int) else None
-    size = min(len(data), connection.SEND_LIMIT)
+    size = min(len(data), connection.SEND_LIMIT)  # as Twisted's own send: a bounded copy under the lock
     while True:
         sent = _send(connection.fileno(), data, size, _FLAGS)
         if sent >= 0:

@@ -101,3 +101,20 @@ def test_the_send_calls_libc_keeping_the_interpreter_lock() -> None:
     # ctypes gives the lock up around a foreign call unless the function comes from a PyDLL,
     # which marks it "Python API"; a CDLL function here would hand the loop's lock away again.
     assert tcp_write._send._flags_ & ctypes._FUNCFLAG_PYTHONAPI
+
+
+def test_one_send_takes_no_more_than_twisteds_limit_and_queues_the_rest(pair: Any) -> None:
+    connection, peer, reactor = pair
+    connection.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)  # room for it all
+    data = bytes(range(256)) * 4096  # 1 MiB, more than SEND_LIMIT
+    connection.write(data)
+    queued = len(connection.dataBuffer) + sum(map(len, connection._tempDataBuffer))
+    assert queued == len(data) - connection.SEND_LIMIT  # the lock held for one bounded copy only
+    assert reactor.writers == [connection]
+    received = bytearray()
+    peer.settimeout(2)
+    while len(received) < len(data):
+        if reactor.writers:
+            connection.doWrite()
+        received += peer.recv(1 << 20)
+    assert bytes(received) == data
