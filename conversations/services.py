@@ -22,7 +22,6 @@ from conversations.turns.history import ConversationKey, HistoryWriter, PendingT
 from conversations.turns.record import TurnRecord
 from devices.models import Device
 from devices.presence import device_mark_offline, device_touch
-from devices.presence_writer import online_writer
 from xiaozhi_site.db_threads import device_db
 
 logger = logging.getLogger(__name__)
@@ -227,9 +226,7 @@ class DbSessionHooks:
         self._stored_tools = stored_tools
 
     async def session_started(self, info: SessionInfo) -> None:
-        if info.device_id is not None:
-            # Batched with the other sessions saying hello now (a reboot storm): one UPDATE.
-            await online_writer().submit(info.session_id)
+        """Nothing to write: the connection's claim marked the device online (devices/presence.py)."""
 
     async def tools_listed(self, server_info: dict, tools: list[dict]) -> None:
         if self.device_id is None:

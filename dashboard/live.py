@@ -9,8 +9,9 @@ under its own process id, with a `STALE_AFTER` expiry:
 - without: in this process's memory (without Redis there is only one ASGI process: the
   in-memory channel layer cannot span processes).
 The dashboard sums what is published. Devices online come from `Device.is_online`, which
-every process writes at hello and at disconnect. A page polling every second therefore shows
-a device arriving or leaving within about two seconds, whichever process holds its socket.
+every process writes when a device connects (its claim) and disconnects. A page polling every
+second therefore shows a device arriving or leaving within about two seconds, whichever process
+holds its socket.
 
 Sessions are read, never changed: a device session's `state` (conversations/pipeline), a
 gateway consumer's `session`. Nothing here is on a device's realtime path: a Redis failure

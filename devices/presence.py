@@ -2,22 +2,24 @@
 
 A connecting socket claims the device (`device_connection_claim`: its session id and
 channel name, handing back the previous connection's channel so the consumer can replace
-it); the session calls `device_mark_online` once at hello (batched across sessions by
-the online writer, presence_writer.py), `device_touch` at most once a
-minute, and the consumer's offline writer (presence_writer.py) calls
-`devices_mark_offline` in batches when sockets close. A crash leaves rows online;
-`device_mark_all_offline` at start-up (single machine) and `device_mark_stale_offline`
-from Celery beat (several machines) clean them up.
+it) and marks it online in the same UPDATE: the socket is authenticated by then, and a
+second write at hello cost every device of a reboot storm another UPDATE and thread hop
+(~0.5 ms of CPU on the interpreter lock the other devices need; docs/performance.md,
+session 40). The session calls `device_touch` at most once a minute, and the consumer's
+offline writer (presence_writer.py) calls `devices_mark_offline` in batches when sockets
+close. A crash leaves rows online; `device_mark_all_offline` at start-up (single machine)
+and `device_mark_stale_offline` from Celery beat (several machines) clean them up.
 
 A row belongs to the session whose id it holds: writes of an older session (a socket
-closing late, an online write landing after its own offline) change nothing.
+closing late) change nothing.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from devices.models import Device
@@ -28,63 +30,62 @@ _CLAIM_ATTEMPTS = 5
 
 
 def device_connection_claim(*, device_id: int, session_id: str, channel_name: str, expected: str | None = None) -> str:
-    """Make `session_id` / `channel_name` the device's live connection; returns the channel
-    of the connection it replaces ("" if none).
+    """Make `session_id` / `channel_name` the device's live connection, online from now;
+    returns the channel of the connection it replaces ("" if none).
 
     Compare-and-set on the channel name, so of two sockets connecting at once (in any
     processes) each learns the channel of the one before it and exactly one ends up live.
     `expected` is the channel the caller just read on the row (the authentication's read):
     tried first, it saves the SELECT when nothing changed in between (one UPDATE per connect).
     """
-    if expected is not None and _claim_if(device_id, expected, channel_name, session_id):
+    now = timezone.now()
+    if expected is not None and _claim_if(device_id, expected, channel_name, session_id, now):
         return expected
     rows = Device.objects.filter(pk=device_id)
+    claim = {"channel_name": channel_name, "session_id": session_id, "is_online": True, "online_since": now,
+             "last_seen_at": now}
     for _ in range(_CLAIM_ATTEMPTS):
         # [:1] without ORDER BY: .first() would sort by the model's ordering for one row.
         found = list(rows.order_by().values_list("channel_name", flat=True)[:1])
         if not found:
             return ""
         previous = found[0]
-        if rows.filter(channel_name=previous).update(channel_name=channel_name, session_id=session_id):
+        if rows.filter(channel_name=previous).update(**claim):
             return previous
-    rows.update(channel_name=channel_name, session_id=session_id)  # lost every race: still take it
+    rows.update(**claim)  # lost every race: still take it
     return ""
 
 
-def _claim_if(device_id: int, expected: str, channel_name: str, session_id: str) -> bool:
-    """`Device.objects.filter(pk=…, channel_name=expected).update(channel_name=…, session_id=…)`
-    as plain SQL: every connecting device runs it, and the ORM's building of the UPDATE cost
-    more than the statement itself (a reboot storm)."""
+def _claim_if(device_id: int, expected: str, channel_name: str, session_id: str, now: datetime) -> bool:
+    """`Device.objects.filter(pk=…, channel_name=expected).update(channel_name=…, session_id=…,
+    is_online=True, online_since=now, last_seen_at=now)` as plain SQL: every connecting device
+    runs it, and the ORM's building of the UPDATE cost more than the statement itself (a
+    reboot storm)."""
     alias = router.db_for_write(Device)
     connection = connections[alias]
-    quote = connection.ops.quote_name
-    meta = Device._meta
-    channel, session, key = (quote(meta.get_field(name).column or name)  # type: ignore[union-attr]
-                             for name in ("channel_name", "session_id", "id"))
-    sql = (f"UPDATE {quote(meta.db_table)} SET {channel} = %s, {session} = %s "
-           f"WHERE {key} = %s AND {channel} = %s")
+    sql = _claim_sql(connection)
+    when = Device._meta.get_field("online_since").get_db_prep_value(now, connection)
     with connection.cursor() as cursor:
-        cursor.execute(sql, (channel_name, session_id, device_id, expected))
+        cursor.execute(sql, (channel_name, session_id, True, when, when, device_id, expected))
         return bool(cursor.rowcount)
 
 
-def device_mark_online(*, device_id: int, session_id: str) -> None:
-    # Only while the session still holds the row: an online write that lands after the
-    # session's own offline (or after a newer connection claimed the row) is a no-op.
-    now = timezone.now()
-    Device.objects.filter(pk=device_id, session_id=session_id).exclude(channel_name="").update(
-        is_online=True, online_since=now, last_seen_at=now,
-    )
+_CLAIM_SQL: dict[str, str] = {}  # per database vendor
 
 
-def devices_mark_online(*, session_ids: Iterable[str]) -> int:
-    """The batched form of device_mark_online: one UPDATE for the sessions that said hello.
-    A session id is only ever written on its own device's row (device_connection_claim),
-    so it names the row as well as the device id would."""
-    now = timezone.now()
-    return Device.objects.filter(session_id__in=list(session_ids)).exclude(channel_name="").update(
-        is_online=True, online_since=now, last_seen_at=now,
-    )
+def _claim_sql(connection: BaseDatabaseWrapper) -> str:
+    """The claim's UPDATE for the connection's database, built once (the columns never change)."""
+    sql = _CLAIM_SQL.get(connection.vendor)
+    if sql is not None:
+        return sql
+    quote, meta = connection.ops.quote_name, Device._meta
+    channel, session, online, since, seen, key = (
+        quote(meta.get_field(name).column or name)  # type: ignore[union-attr]
+        for name in ("channel_name", "session_id", "is_online", "online_since", "last_seen_at", "id"))
+    sql = _CLAIM_SQL[connection.vendor] = (
+        f"UPDATE {quote(meta.db_table)} SET {channel} = %s, {session} = %s, {online} = %s, {since} = %s, "
+        f"{seen} = %s WHERE {key} = %s AND {channel} = %s")
+    return sql
 
 
 def device_touch(*, device_id: int) -> None:

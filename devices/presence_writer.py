@@ -1,4 +1,4 @@
-"""Presence writes in batches: sessions marked online at hello and offline at close.
+"""Presence writes in batches: sessions marked offline when their sockets close.
 
 When thousands of sockets drop at once, one DB write per session queues behind the others
 in the shared thread pool; each session only waits a few seconds for its writes before it
@@ -8,11 +8,8 @@ until a batched UPDATE (devices_mark_offline) has succeeded, on its own thread, 
 the database is busy or down. What a crash loses, the start-up reset and the stale sweeper
 (presence.py) catch.
 
-A reboot storm is the same in reverse: thousands of hellos within seconds, each one an
-UPDATE of its own. The online writer gathers the sessions that said hello while the previous
-batch was being written into one UPDATE (devices_mark_online), so the writes per second stay
-few however many devices arrive. A session's online write still completes before its
-offline one (the session awaits it, in order, on its persistence queue).
+(Online needs no writer of its own: the connection's claim, one UPDATE per connect, marks
+the device online; devices/presence.py.)
 """
 from __future__ import annotations
 
@@ -23,7 +20,7 @@ from collections.abc import Callable
 
 from channels.db import database_sync_to_async
 
-from devices.presence import devices_mark_offline, devices_mark_online
+from devices.presence import devices_mark_offline
 from xiaozhi_site.db_threads import kept_connections_executor
 
 logger = logging.getLogger(__name__)
@@ -31,13 +28,13 @@ logger = logging.getLogger(__name__)
 BATCH_SIZE = 500  # session ids per UPDATE (well under SQLite's bound-variable limit)
 RETRY_SECONDS = 1.0
 
-_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, BatchWriter]] = weakref.WeakKeyDictionary()
-# One thread for every loop's writers: batches are few, and the pool's threads stay free.
+_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchWriter] = weakref.WeakKeyDictionary()
+# One thread for every loop's writer: batches are few, and the pool's threads stay free.
 _executor = kept_connections_executor("presence-writer", workers=1)
 
 
 class BatchWriter:
-    """One per event loop and kind; its task runs as long as the loop (the process) does."""
+    """One per event loop; its task runs as long as the loop (the process) does."""
 
     def __init__(self, name: str, write: Callable[..., int]) -> None:
         self.name = name
@@ -75,21 +72,10 @@ class BatchWriter:
                     done.set_result(None)
 
 
-_WRITES: dict[str, Callable[..., int]] = {"offline": devices_mark_offline, "online": devices_mark_online}
-
-
-def _writer(kind: str) -> BatchWriter:
-    """The `kind` writer of the running event loop (created on first use)."""
-    writers = _writers.setdefault(asyncio.get_running_loop(), {})
-    writer = writers.get(kind)
-    if writer is None:
-        writer = writers[kind] = BatchWriter(kind, _WRITES[kind])
-    return writer
-
-
 def offline_writer() -> BatchWriter:
-    return _writer("offline")
-
-
-def online_writer() -> BatchWriter:
-    return _writer("online")
+    """The running event loop's offline writer (created on first use)."""
+    loop = asyncio.get_running_loop()
+    writer = _writers.get(loop)
+    if writer is None:
+        writer = _writers[loop] = BatchWriter("offline", devices_mark_offline)
+    return writer

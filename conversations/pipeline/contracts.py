@@ -37,7 +37,7 @@ class SessionHooks(Protocol):
     path; `turn_finished` is called on the reply path and must return at once (enqueue).
     """
 
-    async def session_started(self, info: SessionInfo) -> None: ...  # presence online
+    async def session_started(self, info: SessionInfo) -> None: ...  # hello answered (online since the claim)
 
     async def tools_listed(self, server_info: dict, tools: list[dict]) -> None: ...
 

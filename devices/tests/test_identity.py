@@ -21,7 +21,6 @@ from devices.models import ActivationCode, Device
 from devices.pairing import MAX_PAIRING_REQUESTS_PER_DEVICE
 from devices.presence import (
     device_connection_claim,
-    device_mark_online,
     devices_mark_offline,
 )
 from devices.services import (
@@ -185,20 +184,21 @@ def test_a_claim_whose_read_is_stale_still_learns_the_channel_it_replaces() -> N
     assert (device.session_id, device.channel_name) == ("s2", "chan.b")
 
 
-def test_an_online_write_landing_after_the_offline_one_changes_nothing() -> None:
-    device = BoundDeviceFactory()
-    device_connection_claim(device_id=device.pk, session_id="s1", channel_name="chan.a")
-    assert devices_mark_offline(session_ids=["s1"]) == 1
-    device_mark_online(device_id=device.pk, session_id="s1")  # late: queued before the close
+@pytest.mark.parametrize("expected", [None, "", "chan.a"], ids=["unread", "stale read", "fresh read"])
+def test_a_claim_marks_the_device_online_whichever_way_it_is_written(expected: str | None) -> None:
+    device = BoundDeviceFactory(channel_name="chan.a", session_id="s1", is_online=False, last_seen_at=None)
+    before = timezone.now()
+    device_connection_claim(device_id=device.pk, session_id="s2", channel_name="chan.b", expected=expected)
     device.refresh_from_db()
-    assert not device.is_online and device.channel_name == ""
+    assert device.is_online and (device.session_id, device.channel_name) == ("s2", "chan.b")
+    assert device.online_since is not None and device.online_since >= before
+    assert device.last_seen_at == device.online_since
 
 
 def test_an_older_session_cannot_take_a_reconnected_device_offline() -> None:
     device = BoundDeviceFactory()
     device_connection_claim(device_id=device.pk, session_id="old", channel_name="chan.a")
     device_connection_claim(device_id=device.pk, session_id="new", channel_name="chan.b")
-    device_mark_online(device_id=device.pk, session_id="new")
     assert devices_mark_offline(session_ids=["old"]) == 0
     device.refresh_from_db()
     assert device.is_online and device.channel_name == "chan.b"
