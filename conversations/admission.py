@@ -35,8 +35,9 @@ under daphne): none while that lag is over `XIAOZHI_ADMISSION_HOLD_LAG_MS` (10 m
 new connections wait in the kernel's queue at no cost (the firmware allows 10 s for the TCP
 connection and the upgrade); then `FIRST_BUDGET` in one read once the hearing is on time,
 `FIRST_BUDGET` more every tick on time, until `FREE_BUDGET` ends the pacing. A hold lasts at
-most `MAX_HOLD_SECONDS`; a hearing late for longer gets `FIRST_BUDGET` a tick, so the admin,
-the check-ins and the refusals still get in.
+most `MAX_HOLD_SECONDS`; a hearing late for longer gets `FIRST_BUDGET` for every tick's worth
+of time (the ticks themselves come late then), so the admin, the check-ins and the refusals
+still get in, and a device arriving past capacity hears 1013 within the firmware's 10 s.
 
 **Set-ups.** Pacing reads a lag that is already there, and at twice the capacity arriving in
 10 s the last admissions still made it: a worker near its streaming limit spent the CPU it had
@@ -73,6 +74,7 @@ ARRIVING_SECONDS = 5.0  # an admitted socket holds its place this long before it
 MAX_HOLD_SECONDS = 1.0  # new connections wait at most this long in a row, then a few are taken
 FIRST_BUDGET = 2  # new connections taken in the first tick after a hold, and more in every tick on time
 FREE_BUDGET = 32  # the budget at which pacing ends (0.8 s on time after a hold)
+MAX_TRICKLE_TICKS = 8  # a late loop's trickle: at most this many ticks' worth in one read
 LAST_PLACES_SHARE = 0.3  # the last 30 % of the streaming places...
 LAST_PLACES_FILL_SECONDS = 5.0  # ...take this long to fill when all are wanted at once...
 MAX_SETUP_SPACING = 0.25  # ...with set-ups never spaced more than this (small limits)
@@ -115,6 +117,8 @@ class Admission:
         self._pace = pace
         self.accept_budget: int | None = None  # new connections the server may take next tick (None: any)
         self._held_since = 0.0
+        self._trickling = False  # the budget is the trickle of a long hold, not a recovery
+        self._hearing_seen_at: float | None = None  # loop time of the last hearing sample
         self.holds = 0  # times new connections were held
         self.streaming = 0  # at the last count
         self.admitted_since_count = 0
@@ -194,15 +198,21 @@ class Admission:
         if self._pace is None or not self.limits.hold_lag_ms:
             return
         budget = self.accept_budget
+        ticks = self._ticks_since(now)
         if lag_ms > self.limits.hold_lag_ms:
-            if budget is None or budget > FIRST_BUDGET:
+            if budget is None or (budget and not self._trickling):
                 self._held_since = now
                 self._count_hold(lag_ms)
-                budget = 0
+                budget, self._trickling = 0, False
             elif now - self._held_since >= MAX_HOLD_SECONDS:
-                budget = FIRST_BUDGET  # late for long: a trickle, so the admin and check-ins still get in
+                # Late for long: a trickle, so the admin, the check-ins and the refusals still
+                # get in, by the clock and not by the tick: a loop whose ticks came 0.3 s apart
+                # took 2 connections in 0.3 s, and past capacity the devices waiting in the
+                # kernel's queue outlived the firmware's 10 s instead of hearing 1013.
+                budget, self._trickling = FIRST_BUDGET * ticks, True
         elif budget is not None:
             budget += FIRST_BUDGET  # added, not doubled: 64 or 128 refusals in one read were a 100 ms stall
+            self._trickling = False
             if budget >= FREE_BUDGET:
                 budget = None
         if budget == self.accept_budget and budget in (0, None):
@@ -212,6 +222,14 @@ class Admission:
             self._pace(budget)
         except Exception:  # a server without listening ports, or one that is closing
             logger.exception("pacing new connections failed")
+
+    def _ticks_since(self, now: float) -> int:
+        """Ticks' worth of time since the last hearing sample (1 at the first), at most
+        `MAX_TRICKLE_TICKS`."""
+        last, self._hearing_seen_at = self._hearing_seen_at, now
+        if last is None:
+            return 1
+        return max(1, min(MAX_TRICKLE_TICKS, round((now - last) / TICK_SECONDS)))
 
     def _count_hold(self, lag_ms: float) -> None:
         self.holds += 1

@@ -19,6 +19,7 @@ from conversations.admission import (
     LAST_PLACES_FILL_SECONDS,
     LAST_PLACES_SHARE,
     MAX_HOLD_SECONDS,
+    MAX_TRICKLE_TICKS,
     MAX_SETUP_SPACING,
     OVER_SAMPLES,
     RECOVER_SECONDS,
@@ -128,6 +129,21 @@ async def test_a_hearing_late_for_long_gets_a_trickle_of_new_connections_not_a_l
     gate.observe_hearing(50.0, 2.05)  # late again once the budget has grown past the trickle: held
     assert paced[-2:] == [2 * FIRST_BUDGET, 0]
     assert gate.holds == 2
+
+
+async def test_a_late_loops_trickle_follows_the_clock_not_its_late_ticks() -> None:
+    """Past capacity the watcher's ticks come late; a trickle of FIRST_BUDGET a tick then let in
+    a fraction of the arrivals, and the rest outlived the firmware's 10 s in the kernel's queue."""
+    paced: list[int | None] = []
+    gate = Admission(Limits(hold_lag_ms=20), count_streaming=lambda: 0, pace=paced.append)
+    gate.observe_hearing(50.0, 0.0)  # held
+    gate.observe_hearing(50.0, MAX_HOLD_SECONDS)  # late for long, and no sample since the hold began
+    for tick in range(1, 4):
+        gate.observe_hearing(50.0, MAX_HOLD_SECONDS + tick * 4 * TICK_SECONDS)  # ticks 4 ticks apart
+    gate.observe_hearing(50.0, 60.0)  # a minute since the last tick
+    most = MAX_TRICKLE_TICKS * FIRST_BUDGET  # one read stays small, however long since the last
+    assert paced == [0, most, 4 * FIRST_BUDGET, 4 * FIRST_BUDGET, 4 * FIRST_BUDGET, most]  # never held again
+    assert gate.holds == 1
 
 
 async def test_the_last_places_set_up_their_devices_one_spacing_apart() -> None:
