@@ -126,24 +126,46 @@ async def test_a_hearing_late_for_long_gets_a_trickle_of_new_connections_not_a_l
         gate.observe_hearing(50.0, tick * TICK_SECONDS)
     assert paced == [0, FIRST_BUDGET, FIRST_BUDGET, FIRST_BUDGET]  # the admin and the check-ins still get in
     gate.observe_hearing(5.0, 2.0)
-    gate.observe_hearing(50.0, 2.05)  # late again once the budget has grown past the trickle: held
-    assert paced[-2:] == [2 * FIRST_BUDGET, 0]
-    assert gate.holds == 2
+    gate.observe_hearing(50.0, 2.05)  # one tick on time is no recovery: the trickle goes on
+    assert paced[-2:] == [2 * FIRST_BUDGET, FIRST_BUDGET] and gate.holds == 1
+    now = 2.05
+    while gate.accept_budget is not None:  # on time until free
+        now += TICK_SECONDS
+        gate.observe_hearing(5.0, now)
+    gate.observe_hearing(50.0, now + TICK_SECONDS)  # late again once free: a new hold
+    assert paced[-1] == 0 and gate.holds == 2
 
 
-async def test_a_late_loops_trickle_follows_the_clock_not_its_late_ticks() -> None:
-    """Past capacity the watcher's ticks come late; a trickle of FIRST_BUDGET a tick then let in
-    a fraction of the arrivals, and the rest outlived the firmware's 10 s in the kernel's queue."""
+async def test_a_hearing_late_again_while_recovering_is_held_on_the_same_clock() -> None:
     paced: list[int | None] = []
     gate = Admission(Limits(hold_lag_ms=20), count_streaming=lambda: 0, pace=paced.append)
     gate.observe_hearing(50.0, 0.0)  # held
+    for tick in range(1, 3):
+        gate.observe_hearing(5.0, tick * TICK_SECONDS)  # on time: 2, then 4
+    gate.observe_hearing(50.0, 0.2)  # late again: held, not a new hold
+    gate.observe_hearing(50.0, MAX_HOLD_SECONDS)  # a second since the first hold: the trickle
+    assert paced[:4] == [0, FIRST_BUDGET, 2 * FIRST_BUDGET, 0] and paced[-1] > 0
+    assert gate.holds == 2 and gate.refusal(MAX_HOLD_SECONDS) == "server busy: overloaded"
+
+
+async def test_a_hearing_late_for_long_refuses_newcomers_and_lets_them_in_by_the_clock() -> None:
+    """Past what the machine carries the watcher's ticks come late: a trickle of FIRST_BUDGET a
+    tick let in a fraction of the arrivals, which were then admitted, and the rest outlived the
+    firmware's 10 s in the kernel's queue instead of hearing 1013."""
+    paced: list[int | None] = []
+    gate = Admission(Limits(max_streaming=500, hold_lag_ms=20), count_streaming=lambda: 0, pace=paced.append)
+    gate.observe_hearing(50.0, 0.0)  # held
+    assert gate.refusal(0.5) is None  # a hold alone refuses nobody: the connections wait
     gate.observe_hearing(50.0, MAX_HOLD_SECONDS)  # late for long, and no sample since the hold began
+    assert gate.refusal(MAX_HOLD_SECONDS) == "server busy: overloaded"  # places left, none on time
     for tick in range(1, 4):
         gate.observe_hearing(50.0, MAX_HOLD_SECONDS + tick * 4 * TICK_SECONDS)  # ticks 4 ticks apart
     gate.observe_hearing(50.0, 60.0)  # a minute since the last tick
     most = MAX_TRICKLE_TICKS * FIRST_BUDGET  # one read stays small, however long since the last
     assert paced == [0, most, 4 * FIRST_BUDGET, 4 * FIRST_BUDGET, 4 * FIRST_BUDGET, most]  # never held again
     assert gate.holds == 1
+    gate.observe_hearing(5.0, 60.05)  # on time: newcomers are admitted again, the budget grows
+    assert gate.refusal(60.05) is None and paced[-1] == most + FIRST_BUDGET
 
 
 async def test_the_last_places_set_up_their_devices_one_spacing_apart() -> None:
