@@ -16,7 +16,7 @@ closing late) change nothing.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -39,11 +39,10 @@ def device_connection_claim(*, device_id: int, session_id: str, channel_name: st
     tried first, it saves the SELECT when nothing changed in between (one UPDATE per connect).
     """
     now = timezone.now()
-    if expected is not None and _claim_if(device_id, expected, channel_name, session_id, now):
+    claim = dict(zip(_CLAIM_FIELDS, (channel_name, session_id, True, now, now), strict=True))
+    if expected is not None and _claim_if(device_id, expected, claim):
         return expected
     rows = Device.objects.filter(pk=device_id)
-    claim = {"channel_name": channel_name, "session_id": session_id, "is_online": True, "online_since": now,
-             "last_seen_at": now}
     for _ in range(_CLAIM_ATTEMPTS):
         # [:1] without ORDER BY: .first() would sort by the model's ordering for one row.
         found = list(rows.order_by().values_list("channel_name", flat=True)[:1])
@@ -56,35 +55,36 @@ def device_connection_claim(*, device_id: int, session_id: str, channel_name: st
     return ""
 
 
-def _claim_if(device_id: int, expected: str, channel_name: str, session_id: str, now: datetime) -> bool:
-    """`Device.objects.filter(pk=…, channel_name=expected).update(channel_name=…, session_id=…,
-    is_online=True, online_since=now, last_seen_at=now)` as plain SQL: every connecting device
-    runs it, and the ORM's building of the UPDATE cost more than the statement itself (a
-    reboot storm)."""
-    alias = router.db_for_write(Device)
-    connection = connections[alias]
-    sql = _claim_sql(connection)
-    when = Device._meta.get_field("online_since").get_db_prep_value(now, connection)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, (channel_name, session_id, True, when, when, device_id, expected))
-        return bool(cursor.rowcount)
-
-
+# What a claim writes: the live connection, and the device online from now.
+_CLAIM_FIELDS = ("channel_name", "session_id", "is_online", "online_since", "last_seen_at")
 _CLAIM_SQL: dict[str, str] = {}  # per database vendor
+
+
+def _claim_if(device_id: int, expected: str, claim: dict[str, object]) -> bool:
+    """`Device.objects.filter(pk=…, channel_name=expected).update(**claim)` as plain SQL: every
+    connecting device runs it, and the ORM's building of the UPDATE cost more than the
+    statement itself (a reboot storm)."""
+    connection = connections[router.db_for_write(Device)]
+    meta = Device._meta
+    values = [meta.get_field(name).get_db_prep_save(claim[name], connection)  # type: ignore[union-attr]
+              for name in _CLAIM_FIELDS]
+    with connection.cursor() as cursor:
+        cursor.execute(_claim_sql(connection), (*values, device_id, expected))
+        return bool(cursor.rowcount)
 
 
 def _claim_sql(connection: BaseDatabaseWrapper) -> str:
     """The claim's UPDATE for the connection's database, built once (the columns never change)."""
     sql = _CLAIM_SQL.get(connection.vendor)
-    if sql is not None:
-        return sql
-    quote, meta = connection.ops.quote_name, Device._meta
-    channel, session, online, since, seen, key = (
-        quote(meta.get_field(name).column or name)  # type: ignore[union-attr]
-        for name in ("channel_name", "session_id", "is_online", "online_since", "last_seen_at", "id"))
-    sql = _CLAIM_SQL[connection.vendor] = (
-        f"UPDATE {quote(meta.db_table)} SET {channel} = %s, {session} = %s, {online} = %s, {since} = %s, "
-        f"{seen} = %s WHERE {key} = %s AND {channel} = %s")
+    if sql is None:
+        quote, meta = connection.ops.quote_name, Device._meta
+
+        def column(name: str) -> str:
+            return quote(meta.get_field(name).column or name)  # type: ignore[union-attr]
+
+        assignments = ", ".join(f"{column(name)} = %s" for name in _CLAIM_FIELDS)
+        where = f"{column('id')} = %s AND {column('channel_name')} = %s"
+        sql = _CLAIM_SQL[connection.vendor] = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {where}"
     return sql
 
 
