@@ -24,6 +24,12 @@ from collections.abc import Mapping
 SERVERS = ("daphne", "uvicorn")
 BACKLOG = 2048  # a reboot storm connects thousands of devices within seconds
 APPLICATION = "xiaozhi_site.asgi:application"
+# daphne's options on every command line that starts it. The upgrade may take as long as the
+# firmware waits for it (10 s, protocol-reference §2.1): daphne's default of 5 s dropped, in a
+# reboot storm, devices whose upgrade took 5-10 s without an HTTP answer, though each would
+# have waited for it (docs/performance.md, session 41).
+UPGRADE_TIMEOUT_SECONDS = 10
+DAPHNE_OPTIONS = ("--websocket_connect_timeout", str(UPGRADE_TIMEOUT_SECONDS))
 
 
 class WorkerConfigError(ValueError):
@@ -88,4 +94,4 @@ def server_command(fd: int, kind: str = "daphne") -> list[str]:
         return [sys.executable, "-m", "uvicorn", "--fd", str(fd), "--ws", "websockets",
                 "--ws-per-message-deflate", "false", "--lifespan", "off", "--no-access-log",
                 "--loop", "auto", "--http", "auto", APPLICATION]
-    return [sys.executable, "-m", "daphne", "--fd", str(fd), APPLICATION]
+    return [sys.executable, "-m", "daphne", *DAPHNE_OPTIONS, "--fd", str(fd), APPLICATION]
