@@ -92,16 +92,10 @@ def device_touch(*, device_id: int) -> None:
     Device.objects.filter(pk=device_id).update(last_seen_at=timezone.now())
 
 
-def device_mark_offline(*, device_id: int, session_id: str) -> None:
-    # Only the session that went online may take the device offline: a device that
-    # reconnected quickly must not be marked offline by its previous socket closing late.
-    Device.objects.filter(pk=device_id, session_id=session_id).update(
-        is_online=False, last_seen_at=timezone.now(), channel_name="",
-    )
-
-
 def devices_mark_offline(*, session_ids: Iterable[str]) -> int:
-    """The batched form of device_mark_offline: one UPDATE for many closed sessions."""
+    """Closed sessions' devices offline, in one UPDATE. Only the session that claimed a row may
+    take it offline: a device that reconnected quickly is not marked offline by its previous
+    socket closing late."""
     return Device.objects.filter(session_id__in=list(session_ids)).update(
         is_online=False, last_seen_at=timezone.now(), channel_name="",
     )

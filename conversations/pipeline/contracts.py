@@ -43,7 +43,7 @@ class SessionHooks(Protocol):
 
     def turn_finished(self, turn: TurnRecord) -> None: ...
 
-    async def session_closed(self, info: SessionInfo) -> None: ...  # history drained, presence offline
+    async def session_closed(self, info: SessionInfo) -> None: ...  # history drained (offline: the consumer)
 
     async def touch(self) -> None: ...  # last seen, at most once a minute
 
