@@ -27,8 +27,9 @@ counted). The load generator shares the machine's cores; its CPU is reported. It
 the firmware's: 30 s for the OTA check, 10 s for the WebSocket upgrade and for the server hello.
 
 `--breakdown RATE` replaces the storm with the cost of its parts: every device checks in
-(nothing changed), then every device connects, says hello and answers the MCP handshake, each
-kind paced at RATE per second (below capacity), and the server CPU per device is printed.
+(nothing changed), then every device connects, says hello and answers the MCP handshake, then
+every device drops its connection (until the server holds none online), each kind paced at RATE
+per second (below capacity), and the server CPU per device is printed.
 """
 from __future__ import annotations
 
@@ -38,10 +39,11 @@ import json
 import os
 import random
 import resource
+import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -63,6 +65,7 @@ OTA_TIMEOUT_S = 30.0
 HELLO_TIMEOUT_S = 10.0
 FIRST_CONCURRENCY = 100
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Phase:
     server_cpu: float = 0.0
     client_cpu: float = 0.0
     steal: float = 0.0  # machine-wide CPU seconds the hypervisor gave to other guests
+    closed: int = 0  # devices that disconnected in the phase (the breakdown's last)
 
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -305,23 +309,25 @@ async def storm(url: str, ws_url: str, members: list[Member], window: float, pha
     return devices
 
 
-async def paced(members: list[Member], rate: float, work: Callable[[Member], Awaitable[object]]) -> None:
-    """`work` for each member, started at `rate` per second (below capacity: the CPU per request)."""
+async def paced(items: Sequence[Item], rate: float, work: Callable[[Item], Awaitable[object]]) -> None:
+    """`work` for each item, started at `rate` per second (below capacity: the CPU per request)."""
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.2
 
-    async def one(index: int, member: Member) -> None:
+    async def one(index: int, item: Item) -> None:
         await asyncio.sleep(max(0.0, start + index / rate - loop.time()))
-        await work(member)
+        await work(item)
 
-    await asyncio.gather(*(one(index, member) for index, member in enumerate(members)))
+    await asyncio.gather(*(one(index, item) for index, item in enumerate(items)))
 
 
 async def breakdown(bench: BenchServer, members: list[Member], rate: float) -> list[Phase]:
-    """The server CPU of one check-in (nothing changed) and of one connect + hello + MCP
-    handshake, each kind alone and paced below capacity."""
+    """The server CPU of one check-in (nothing changed), of one connect + hello + MCP handshake
+    and of one disconnect (the session closed, the device marked offline), each kind alone and
+    paced below capacity."""
     url = bench.http_url + OTA_PATH
     checks, connects = Phase(f"paced check-ins, {rate:g}/s"), Phase(f"paced connects + hello + MCP, {rate:g}/s")
+    closes = Phase(f"paced disconnects, {rate:g}/s")
     tokens: dict[str, str] = {}
     devices: list[LightDevice] = []
 
@@ -346,8 +352,30 @@ async def breakdown(bench: BenchServer, members: list[Member], rate: float) -> l
     await measured(bench, checks, paced(members, rate, check))
     await asyncio.sleep(1.0)
     await measured(bench, connects, paced([m for m in members if m.mac in tokens], rate, connect))
-    await asyncio.gather(*(d.close() for d in devices))
-    return [checks, connects]
+    await asyncio.sleep(1.0)
+    await measured(bench, closes, disconnect(bench, devices, rate, closes))
+    return [checks, connects, closes]
+
+
+async def disconnect(bench: BenchServer, devices: list[LightDevice], rate: float, phase: Phase) -> None:
+    """Drop each device's TCP connection, as the firmware does, at `rate` per second; the phase
+    ends when the server has marked every one offline (or after 10 s more)."""
+    async def close(device: LightDevice) -> None:
+        await device.close()
+        phase.closed += 1
+
+    await paced(devices, rate, close)
+    deadline = time.monotonic() + 10.0
+    while (online := await asyncio.to_thread(online_devices, bench)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if online:
+        phase.error(f"{online} devices still online 10 s after their disconnect")
+
+
+def online_devices(bench: BenchServer) -> int:
+    """Devices the server's database holds online (read from its SQLite file)."""
+    with sqlite3.connect(f"file:{bench.db_path}?mode=ro", uri=True, timeout=5) as db:
+        return int(db.execute("SELECT COUNT(*) FROM devices_device WHERE is_online").fetchone()[0])
 
 
 async def measured(bench: BenchServer, phase: Phase, work: Awaitable[T]) -> T:
@@ -381,7 +409,7 @@ async def run(bench: BenchServer, members: list[Member], window: float, calm_cou
 def report_breakdown(phases: list[Phase]) -> None:
     """Server CPU per device: every server process, over the phase, divided by its devices."""
     for phase in phases:
-        count = len(phase.hello_ms) if phase.hello_ms else len(phase.ota_ms)
+        count = phase.closed or len(phase.hello_ms) or len(phase.ota_ms)
         per = 1000 * phase.server_cpu / count if count else float("nan")
         client = 1000 * phase.client_cpu / count if count else float("nan")
         print(f"- {phase.name}: server CPU {per:.2f} ms per device (load generator {client:.2f} ms)")
