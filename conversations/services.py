@@ -241,10 +241,14 @@ class DbSessionHooks:
         self._history.add_turn(self._key(turn.session_id), turn)
 
     async def session_closed(self, info: SessionInfo) -> None:
-        # The conversation's last turns and its end. Presence offline is the consumer's final
-        # write, after the session has closed (its offline writer batches the closes of a
-        # whole fleet): a second, single-row UPDATE here cost every disconnect a thread hop.
-        self._history.end_conversation(self._key(info.session_id))
+        # The conversation's last turns and its end. A session without a turn has no
+        # conversation row and nothing buffered: no write (every device of a reboot storm
+        # connects and leaves without talking; the UPDATE that ended nothing cost each
+        # disconnect a thread hop). Presence offline is the consumer's final write, after the
+        # session has closed (its offline writer batches the closes of a whole fleet).
+        if self._conversation is None:
+            return
+        self._history.end_conversation(self._conversation)
         await self._history.flush()
 
     async def touch(self) -> None:

@@ -104,3 +104,20 @@ async def test_a_device_session_writes_its_turns_then_its_end_and_leaves_presenc
     assert conversation.device_id == device.pk and conversation.ended_at is not None
     # Offline is the consumer's last write, through its offline writer (devices/tests/test_presence_e2e.py).
     assert (await Device.objects.aget(pk=device.pk)).is_online
+
+
+async def test_a_device_session_without_a_turn_closes_without_a_write() -> None:
+    device = await database_sync_to_async(BoundDeviceFactory)()
+    saved: list[tuple[list[PendingTurn], list[ConversationKey]]] = []
+
+    async def save(turns: list[PendingTurn], ended: list[ConversationKey]) -> None:
+        saved.append((turns, ended))
+
+    hooks = DbSessionHooks(device_id=device.pk, persona_id=None, history=HistoryWriter(save, linger=60))
+    info = SessionInfo("dev-10", device.pk)
+    await hooks.session_started(info)
+    await hooks.session_closed(info)
+    assert saved == []  # no conversation to end: the UPDATE would match no row
+    hooks.turn_finished(TurnRecord(index=1, user_text="hi", session_id="dev-10"))  # a turn after all
+    await hooks.session_closed(info)
+    assert [len(turns) for turns, _ in saved] == [1] and saved[0][1][0].session_id == "dev-10"
