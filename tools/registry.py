@@ -268,7 +268,7 @@ class Toolset:
         self._limits = limits or tool_limits.current()
         self._sources: dict[str, ToolSource] = {}
         self._tools: dict[str, list[PreparedTool]] = {}
-        self._entries: dict[str, _Entry] = {}
+        self._built: dict[str, _Entry] | None = {}  # None: sources changed, built at the next read
         for source in sources:
             self._register(source)
 
@@ -356,13 +356,23 @@ class Toolset:
                     yield key, tool
 
     def _rebuild(self) -> None:
-        allowed = list(self._allowed())
-        names = NameMap((key, tool.spec.name) for key, tool in allowed)
-        entries: dict[str, _Entry] = {}
-        for key, tool in allowed:
-            llm_name = names.to_llm(key, tool.spec.name)
-            entries[llm_name] = _Entry(tool, key, llm_name)
-        self._entries = dict(sorted(entries.items()))
+        # At the next read, not now: a session adds its device's tools after its hello and
+        # removes them when it closes, and in a reboot storm most never read the catalogue
+        # in between (no turn); building it each time was ~5 % of a connect and of a
+        # disconnect (docs/performance.md, session 41).
+        self._built = None
+
+    @property
+    def _entries(self) -> dict[str, _Entry]:
+        if self._built is None:
+            allowed = list(self._allowed())
+            names = NameMap((key, tool.spec.name) for key, tool in allowed)
+            entries: dict[str, _Entry] = {}
+            for key, tool in allowed:
+                llm_name = names.to_llm(key, tool.spec.name)
+                entries[llm_name] = _Entry(tool, key, llm_name)
+            self._built = dict(sorted(entries.items()))
+        return self._built
 
     def specs(self) -> list[ToolSpec]:
         """The specs offered to the LLM (after policy), in LLM-name order."""

@@ -4,10 +4,11 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import pytest
 
+from tools import registry
 from tools.errors import ToolError
 from tools.registry import ToolCallRecord, ToolPolicy, ToolSource, ToolSpec, Toolset
 
@@ -497,3 +498,21 @@ def test_identical_schemas_are_compiled_once() -> None:
     first = compile_schema(schema, **limits)
     assert compile_schema(json.loads(json.dumps(schema)), **limits) is first
     assert compile_schema({"type": "object"}, **limits) is not first
+
+
+async def test_the_catalogue_is_built_when_read_not_on_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[int] = []
+    real = registry.NameMap
+
+    def counting(pairs: Iterable[tuple[str, str]]) -> registry.NameMap:
+        builds.append(1)
+        return real(pairs)
+
+    monkeypatch.setattr(registry, "NameMap", counting)
+    device, client = device_source(), StaticSource("client", [spec("get_weather", "client")])
+    toolset = await ready(client)
+    await toolset.add_source(device)  # the device's tools after its hello...
+    toolset.remove_source(device)  # ...gone when it disconnects, no turn in between
+    assert builds == []
+    assert names_of(toolset) == ["get_weather"] and toolset.specs()[0].name == "get_weather"
+    assert builds == [1]  # once, at the first read, and kept until the sources change
