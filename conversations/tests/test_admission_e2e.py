@@ -64,12 +64,22 @@ async def test_while_the_hearing_is_late_new_connections_wait_unaccepted_and_sti
     try:
         assert (await talking.hello())["type"] == "hello"
         await talking.listen_start("auto")
-        await talking.send_silence(600)
+        streaming = asyncio.ensure_future(talking.send_silence(600))
+        # The next device comes once the hearing has reported late: its first batch may come
+        # after the silence on a slow machine (Silero loads with the first window).
+        await _logged(server, "new connections held: the hearing is late")
         later = await _device(server)
         assert (await later.hello())["type"] == "hello"
-        log = server.log()
-        assert "pacing new connections on 1 listening port(s)" in log  # daphne's own port was found
-        assert "new connections held: the hearing is late" in log
+        await streaming
+        assert "pacing new connections on 1 listening port(s)" in server.log()  # daphne's own port was found
         assert (await talking.hello())["type"] == "hello"
     finally:
         await asyncio.gather(talking.close(), *([later.close()] if later else []))
+
+
+async def _logged(server: Any, line: str, timeout: float = 15.0) -> None:
+    """Wait until the server's log holds `line`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while line not in server.log():
+        assert asyncio.get_running_loop().time() < deadline, f"not logged within {timeout:g} s: {line}"
+        await asyncio.sleep(0.05)
