@@ -98,11 +98,10 @@ class AsgiServer:
         return worker_count({**self.env, "XIAOZHI_WORKERS": self.env.get("XIAOZHI_WORKERS") or "1"})
 
     def command(self) -> list[str]:
-        from xiaozhi_site.webserver import APPLICATION, DAPHNE_OPTIONS, server_kind
+        from xiaozhi_site.webserver import daphne_command, server_kind
 
         if self.workers == 1 and server_kind(self.env) == "daphne":
-            return [sys.executable, "-m", "daphne", *DAPHNE_OPTIONS, "-b", "127.0.0.1", "-p", str(self.port),
-                    APPLICATION]
+            return daphne_command("-b", "127.0.0.1", "-p", str(self.port))
         return [sys.executable, "-m", "xiaozhi_site.runner", "--web-only", "--bind", "127.0.0.1",
                 "--port", str(self.port)]
 

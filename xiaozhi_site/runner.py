@@ -68,8 +68,7 @@ class Child:
 
 def web_children(host: str, port: int, workers: int, kind: str = "daphne") -> dict[str, Child]:
     if workers == 1 and kind == "daphne":  # binds the port itself, as always (IPv6 too)
-        return {"web": Child([PYTHON, "-m", "daphne", *webserver.DAPHNE_OPTIONS, "-b", host, "-p", str(port),
-                              webserver.APPLICATION])}
+        return {"web": Child(webserver.daphne_command("-b", host, "-p", str(port)))}
     if ":" in host:
         # daphne adopts an inherited socket as IPv4 only (Twisted's fd endpoint).
         raise webserver.WorkerConfigError("several web workers need an IPv4 XIAOZHI_BIND (e.g. 0.0.0.0)")

@@ -94,4 +94,10 @@ def server_command(fd: int, kind: str = "daphne") -> list[str]:
         return [sys.executable, "-m", "uvicorn", "--fd", str(fd), "--ws", "websockets",
                 "--ws-per-message-deflate", "false", "--lifespan", "off", "--no-access-log",
                 "--loop", "auto", "--http", "auto", APPLICATION]
-    return [sys.executable, "-m", "daphne", *DAPHNE_OPTIONS, "--fd", str(fd), APPLICATION]
+    return daphne_command("--fd", str(fd))
+
+
+def daphne_command(*where: str) -> list[str]:
+    """daphne serving the project where `where` says (`--fd N`, or `-b HOST -p PORT`), with
+    `DAPHNE_OPTIONS`: the one daphne command line of the runner and the test server."""
+    return [sys.executable, "-m", "daphne", *DAPHNE_OPTIONS, *where, APPLICATION]
