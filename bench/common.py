@@ -265,11 +265,19 @@ class BenchServer:
         path = self.data_dir / f"stats-{run or self.runs}.jsonl"
         if not path.exists():
             return []
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = whole_json_lines(path)
         return [r for r in records if message is None or r.get("message") == message]
 
     def log(self) -> str:
         return self.server.log() if self.server is not None else ""
+
+
+def whole_json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON records of a file other processes append to: only whole lines, because the
+    server's workers may be writing one while this reads (P2 polls until every session has
+    reported)."""
+    *complete, _partial = path.read_text().split("\n")
+    return [json.loads(line) for line in complete if line.strip()]
 
 
 # -- process memory ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The benchmarks' shared helpers (bench/common.py): the hypervisor's steal read from /proc/stat."""
+"""The benchmarks' shared helpers (bench/common.py): the hypervisor's steal read from /proc/stat, the
+stats records read while the workers append."""
 from __future__ import annotations
 
 import os
@@ -7,7 +8,7 @@ from pathlib import Path
 
 # Imported as the benchmark scripts import it (bench/ on the path), so it is one module.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from common import steal_seconds
+from common import steal_seconds, whole_json_lines
 
 STAT = """cpu  71348 0 16226 116917 2058 0 1409 29940 0 0
 cpu0 35000 0 8000 58000 1000 0 700 15000 0 0
@@ -27,3 +28,12 @@ def test_steal_is_zero_without_the_file_or_the_field(tmp_path: Path) -> None:
     old_kernel = tmp_path / "stat"
     old_kernel.write_text("cpu  71348 0 16226 116917\nintr 1\n")  # no steal column
     assert steal_seconds(str(old_kernel)) == 0.0
+
+
+def test_stats_lines_half_written_by_a_worker_are_left_for_the_next_read(tmp_path: Path) -> None:
+    stats = tmp_path / "stats.jsonl"
+    stats.write_text('{"message": "hearing stats", "n": 1}\n\n{"message": "hearing stats", "n": 2}\n{"message": "hear')
+    assert whole_json_lines(stats) == [{"message": "hearing stats", "n": 1}, {"message": "hearing stats", "n": 2}]
+    with stats.open("a") as f:
+        f.write('ing stats", "n": 3}\n')
+    assert [r["n"] for r in whole_json_lines(stats)] == [1, 2, 3]
