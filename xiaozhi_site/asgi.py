@@ -24,6 +24,7 @@ from conversations.admission import refusal_before_application, set_pace  # noqa
 from conversations.routing import websocket_urlpatterns  # noqa: E402
 
 ws_fastpath.set_gate(refusal_before_application)  # devices past capacity: 1013 before any consumer
+daphne_limits.set_first_read_answer(ws_fastpath.upgrade_refusal)  # ...and before daphne parses their request
 set_pace(ListeningPorts().pace)  # while the hearing is late, new connections wait in the kernel's queue
 
 application = ProtocolTypeRouter(

@@ -12,6 +12,9 @@ puts the limits where the bytes arrive:
   gets 413 as soon as that is known: at once from Content-Length, or when a chunked body
   passes the limit. After a refusal the server half-closes, drops what still arrives for
   `linger` seconds so the client can read the answer, then aborts the socket.
+- A first read answered at once (`set_first_read_answer`): a device refused past capacity
+  gets its 1013 without daphne's parsing (xiaozhi_site/ws_fastpath.py), then the same
+  half-close and linger.
 - WebSocket: each route accepts frames and messages up to its own size (`websocket_routes`,
   twice the application's limit, so the application still answers an oversized message
   itself: the gateway's INVALID_MESSAGE then 1009, a device's 4413), and anything larger is
@@ -24,6 +27,7 @@ xiaozhi_site/tests/test_daphne_limits.py runs the real server against each limit
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +85,16 @@ def _response(status: int, reason: str, code: str, message: str) -> bytes:
 
 
 _limits: EdgeLimits | None = None
+# A connection's first read -> the whole answer, after which the connection is closed as a
+# refusal; None: read as usual (xiaozhi_site/ws_fastpath.py `upgrade_refusal`).
+FirstReadAnswer = Callable[[bytes], "bytes | None"]
+_first_read_answer: FirstReadAnswer | None = None
+
+
+def set_first_read_answer(answer: FirstReadAnswer | None) -> None:
+    """Who may answer a connection's first read before daphne parses it."""
+    global _first_read_answer
+    _first_read_answer = answer
 
 
 def install(limits: EdgeLimits) -> bool:
@@ -127,14 +141,22 @@ def _install_http(http_protocol: Any) -> None:
             self._refused = False
             self._body_limit = 0
             self._body_seen = 0
+            self._first_read = True
 
         def connectionMade(self) -> None:
             super().connectionMade()
             self._arm(_current().header_timeout, self._headers_too_slow)
 
         def dataReceived(self, data: bytes) -> None:
-            if not self._refused:  # once refused, what still arrives is dropped
-                super().dataReceived(data)
+            if self._refused:  # once refused, what still arrives is dropped
+                return
+            if self._first_read:
+                self._first_read = False
+                answer = _first_read_answer(data) if _first_read_answer is not None else None
+                if answer is not None:
+                    self._refuse(answer)
+                    return
+            super().dataReceived(data)
 
         def rawDataReceived(self, data: bytes) -> None:
             if not self._refused:

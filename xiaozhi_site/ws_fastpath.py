@@ -42,17 +42,32 @@ and daphne gets a queue nobody reads instead of an application. Measured: the se
 per refused device 4.0-4.4 -> 3.4-3.8 ms (the rest is the TCP accept, HTTP parsing and the
 handshake).
 
+A refusal without a handshake. What a refused device still cost (~2.2 ms of the server's CPU
+on session 42's machine: Twisted's HTTP parsing, daphne's request and autobahn's handshake,
+the close handshake) fell on the interpreter lock of the devices streaming, and at twice the
+capacity arriving the refusals came just as the last places filled (docs/performance.md,
+session 42). `upgrade_refusal` reads the connection's first read itself: a whole WebSocket
+upgrade request (GET, HTTP/1.1, `Upgrade: websocket`, version 13, a 16-byte key) that the
+gate refuses gets its 101 and the close frame in one write, from xiaozhi_site/daphne_limits.py,
+which half-closes and drops what the client still sends. Anything else, and a request split
+over reads, takes daphne's path and its gate as before.
+
 `install()` swaps them all; idempotent, applied by xiaozhi_site.asgi with the other daphne
 patches.
 """
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import hashlib
 import logging
 import pprint
+import struct
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 logger = logging.getLogger(__name__)
 
@@ -225,9 +240,72 @@ _gate: Gate | None = None
 
 def set_gate(gate: Gate | None) -> None:
     """Who may refuse a WebSocket before an application is made for it: the gate answers a
-    scope with (close code, reason), or None to let it through."""
+    scope with (close code, reason), or None to let it through. It may read only the scope's
+    type and path (`upgrade_refusal` asks with those alone)."""
     global _gate
     _gate = gate
+
+
+WEBSOCKET_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 §1.3
+MAX_CLOSE_REASON_BYTES = 123  # a close frame's payload is at most 125 bytes, 2 of them the code
+
+
+def upgrade_refusal(data: bytes) -> bytes | None:
+    """The answer to a connection's first read when it is a whole WebSocket upgrade request
+    the gate refuses right now: the handshake accepted and a close frame with the gate's code
+    and reason. None for anything else, which daphne reads as usual (its gate asks again)."""
+    if _gate is None or not data.startswith(b"GET /"):
+        return None
+    request = _upgrade_request(data)
+    if request is None:
+        return None
+    path, key = request
+    refusal = _gate({"type": "websocket", "path": path})
+    if refusal is None:
+        return None
+    code, reason = refusal
+    return _switching_protocols(key) + _close_frame(code, reason)
+
+
+def _upgrade_request(data: bytes) -> tuple[str, bytes] | None:
+    """(path, Sec-WebSocket-Key) of a complete, valid upgrade request, or None."""
+    head, blank, _rest = data.partition(b"\r\n\r\n")
+    if not blank:
+        return None  # the headers go on in a later read
+    request_line, *lines = head.split(b"\r\n")
+    parts = request_line.split(b" ")
+    if len(parts) != 3 or parts[2] != b"HTTP/1.1":
+        return None
+    headers: dict[bytes, bytes] = {}
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if not colon:
+            return None
+        headers[name.strip().lower()] = value.strip()
+    connection = {token.strip() for token in headers.get(b"connection", b"").lower().split(b",")}
+    if (headers.get(b"upgrade", b"").lower() != b"websocket" or b"upgrade" not in connection
+            or headers.get(b"sec-websocket-version") != b"13"):
+        return None
+    key = headers.get(b"sec-websocket-key", b"")
+    try:
+        if len(base64.b64decode(key, validate=True)) != 16:
+            return None
+        path = unquote(parts[1].split(b"?", 1)[0].decode("ascii"), errors="strict")  # daphne's scope path
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return path, key
+
+
+def _switching_protocols(key: bytes) -> bytes:
+    accept = base64.b64encode(hashlib.sha1(key + WEBSOCKET_GUID).digest())  # RFC 6455: SHA-1, not for security
+    return (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+
+
+def _close_frame(code: int, reason: str) -> bytes:
+    """An unmasked close frame, as a server sends it (RFC 6455 §5.5.1)."""
+    text = reason.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore").encode()  # whole characters
+    return bytes((0x88, 2 + len(text))) + struct.pack("!H", code) + text
 
 
 def refuse_without_application(server: Any, protocol: Any, code: int, reason: str) -> asyncio.Queue[Any]:

@@ -1,6 +1,7 @@
 """Admission against the real server: past capacity a new device's socket is accepted and closed
-with 1013 and the reason by daphne's gate (xiaozhi_site/ws_fastpath.py), before any consumer is
-made, while the device already admitted keeps talking."""
+with 1013 and the reason before any consumer is made (xiaozhi_site/ws_fastpath.py: on the
+connection's first read, or by daphne's gate when the request came in pieces), while the
+device already admitted keeps talking."""
 from __future__ import annotations
 
 import asyncio
@@ -51,6 +52,51 @@ async def test_past_capacity_daphne_refuses_a_new_device_with_1013_and_the_admit
         assert (await admitted.hello())["type"] == "hello"  # its session is untouched
     finally:
         await asyncio.gather(admitted.close(), *(sim.close() for sim in refused))
+
+
+async def test_a_refused_upgrade_is_answered_on_its_first_read_and_one_in_pieces_by_daphnes_gate(
+        asgi_server_factory: Any) -> None:
+    server = asgi_server_factory(XIAOZHI_MAX_STREAMING_SESSIONS="1", XIAOZHI_WORKERS="1")
+    admitted = await _device(server)
+    try:
+        assert (await admitted.hello())["type"] == "hello"
+        request = (b"GET /xiaozhi/v1/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                   b"Protocol-Version: 1\r\nDevice-Id: aa:bb:cc:dd:ee:01\r\nClient-Id: raw\r\n\r\n")
+        close = b"\x88\x29\x03\xf5server busy: streaming capacity reached"
+        whole, reset = await _raw_exchange(server, [request])
+        assert not reset  # a half-close: the client reads every byte, then the end
+        assert whole == (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\n"
+                         b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n" + close)
+        pieces, _reset = await _raw_exchange(server, [request[:40], request[40:]])
+        head, _, frames = pieces.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101 ") and b"Server: daphne" in head  # autobahn's handshake
+        assert frames.startswith(close)
+        assert (await admitted.hello())["type"] == "hello"
+    finally:
+        await admitted.close()
+
+
+async def _raw_exchange(server: Any, writes: list[bytes]) -> tuple[bytes, bool]:
+    """Send `writes` a moment apart, answer a close frame as a client does, and return all the
+    server sent until it closed the connection, and whether it ended with a reset."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        for data in writes:
+            writer.write(data)
+            await writer.drain()
+            await asyncio.sleep(0.2)
+        received = await asyncio.wait_for(reader.read(4096), timeout=10)
+        with contextlib.suppress(ConnectionError):
+            writer.write(b"\x88\x82\x00\x00\x00\x00\x03\xe8")  # masked close 1000
+        try:
+            while chunk := await asyncio.wait_for(reader.read(4096), timeout=10):
+                received += chunk
+        except ConnectionResetError:
+            return received, True
+        return received, False
+    finally:
+        writer.close()
 
 
 async def test_while_the_hearing_is_late_new_connections_wait_unaccepted_and_still_get_in(

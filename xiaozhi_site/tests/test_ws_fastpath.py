@@ -299,3 +299,63 @@ async def test_a_refused_client_that_left_before_the_close_gets_nothing(gate: li
     server.connections[gone]["disconnected"] = 1.0
     await asyncio.sleep(0)
     assert gone.replies == [] and early.replies == []
+
+
+# -- the refusal on the first read ---------------------------------------------------------------
+
+RFC_KEY = b"dGhlIHNhbXBsZSBub25jZQ=="  # RFC 6455 §1.3's example: its accept value is below
+
+
+def upgrade(path: bytes = b"/busy", *, key: bytes = RFC_KEY, extra: bytes = b"",
+            connection: bytes = b"Upgrade", version: bytes = b"13") -> bytes:
+    return (b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: " + connection
+            + b"\r\nSec-WebSocket-Key: " + key + b"\r\nSec-WebSocket-Version: " + version + b"\r\n"
+            + b"Device-Id: aa:bb:cc:dd:ee:ff\r\n" + extra + b"\r\n")
+
+
+def test_a_whole_upgrade_the_gate_refuses_gets_the_handshake_and_the_close_frame_in_one_answer(
+        gate: list[dict[str, object]]) -> None:
+    answer = ws_fastpath.upgrade_refusal(upgrade(b"/busy?device-id=1", connection=b"keep-alive, Upgrade"))
+    assert answer == (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\n"
+                      b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"
+                      b"\x88\x0d\x03\xf5server busy")  # FIN close, 13 bytes: code 1013, the reason
+    assert gate == [{"type": "websocket", "path": "/busy"}]  # the path without its query, as daphne's scope
+
+
+def test_an_upgrade_the_gate_lets_through_is_left_to_daphne(gate: list[dict[str, object]]) -> None:
+    assert ws_fastpath.upgrade_refusal(upgrade(b"/xiaozhi/v1/")) is None
+    assert ws_fastpath.upgrade_refusal(upgrade(b"/bu%73y")) is not None  # percent-decoded, as daphne's path
+    assert [scope["path"] for scope in gate] == ["/xiaozhi/v1/", "/busy"]
+
+
+@pytest.mark.parametrize("data", [
+    upgrade()[:-2],  # the headers go on in the next read
+    upgrade().replace(b"GET", b"POST", 1),
+    upgrade().replace(b"HTTP/1.1", b"HTTP/1.0", 1),
+    upgrade().replace(b" HTTP/1.1", b"  HTTP/1.1", 1),  # not three parts
+    upgrade().replace(b"Upgrade: websocket", b"Upgrade: h2c"),
+    upgrade(connection=b"keep-alive"),
+    upgrade(version=b"8"),
+    upgrade(key=b"not base64!"),
+    upgrade(key=b"c2hvcnQ="),  # 5 bytes, not 16
+    upgrade(key=b""),
+    upgrade(b"/b\xc3\xbcsy"),  # not ASCII
+    upgrade(b"/bu%FFsy"),  # decodes to no UTF-8
+    upgrade(extra=b"no colon here\r\n"),
+    b"\x16\x03\x01\x02\x00",  # a TLS hello
+    b"",
+])
+def test_anything_but_a_whole_valid_upgrade_is_left_to_daphne_without_asking_the_gate(
+        gate: list[dict[str, object]], data: bytes) -> None:
+    assert ws_fastpath.upgrade_refusal(data) is None
+    assert gate == []
+
+
+def test_without_a_gate_nothing_is_answered_early() -> None:
+    assert ws_fastpath.upgrade_refusal(upgrade()) is None
+
+
+def test_a_long_reason_is_cut_to_a_close_frames_room_on_a_character_boundary() -> None:
+    frame = ws_fastpath._close_frame(1013, "忙" * 60)  # 180 bytes of UTF-8
+    assert frame[0] == 0x88 and frame[1] == len(frame) - 2 <= 125
+    assert frame[4:].decode() == "忙" * 41  # 123 bytes, whole characters
