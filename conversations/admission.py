@@ -20,10 +20,12 @@ packets of every device and the event loop stops answering pings (docs/performan
 
 A refusal touches no database and makes no session. Under daphne it is decided before any
 consumer is made (`refusal_before_application`, the server's gate in xiaozhi_site/
-ws_fastpath.py): what is left is the TCP accept, the WebSocket handshake and the close, ~3.4-3.8
-ms of the server's CPU per refused device on session 32's machine (4.0-4.4 through a consumer;
-docs/performance.md). An admitted device costs more while it arrives (~8.5 ms for its connect,
-hello and MCP handshake).
+ws_fastpath.py), and for a request whole in the connection's first read before daphne parses
+it (`upgrade_refusal`): what is left is the TCP accept, one write and the close, ~1.6 ms of the
+server's CPU per refused device arriving on session 42's machine (2.2 with daphne's parsing
+and autobahn's handshake, 4.0-4.4 through a consumer on session 32's; docs/performance.md). An
+admitted device costs more while it arrives (~5-8.5 ms for its connect, hello and MCP
+handshake, by machine).
 
 **Pacing.** Those costs fall on the same interpreter lock as the hearing: twice the capacity
 arriving in 10 s kept the admitted devices' hearing late for the whole arrival (P2 overload,

@@ -2,7 +2,7 @@
 
 Past capacity, a device that arrives costs the worker CPU, on the interpreter lock the hearing
 needs, before anything can refuse it: the TCP accept, the HTTP request, the WebSocket
-handshake (~2-3.5 ms a refused device, ~4-8.5 ms an admitted one with its hello and MCP
+handshake (~1.5-3.5 ms a refused device, ~4-8.5 ms an admitted one with its hello and MCP
 handshake, by machine). Twice the capacity arriving in 10 s made every admitted device's
 hearing late for the whole arrival, although the same devices streaming alone were on time
 (docs/performance.md, P2 overload). conversations/admission.py (`observe_hearing`) decides how
