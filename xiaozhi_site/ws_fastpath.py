@@ -50,7 +50,8 @@ session 42). `upgrade_refusal` reads the connection's first read itself: a whole
 upgrade request (GET, HTTP/1.1, `Upgrade: websocket`, version 13, a 16-byte key) that the
 gate refuses gets its 101 and the close frame in one write, from xiaozhi_site/daphne_limits.py,
 which half-closes and drops what the client still sends. Anything else, and a request split
-over reads, takes daphne's path and its gate as before.
+over reads, takes daphne's path and its gate as before. Measured: the server's CPU per refused
+device arriving 1.97-2.10 -> 1.48-1.66 ms (the rest is the TCP accept, the write and the close).
 
 `install()` swaps them all; idempotent, applied by xiaozhi_site.asgi with the other daphne
 patches.
