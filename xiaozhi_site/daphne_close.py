@@ -17,7 +17,8 @@ REGISTERED = frozenset({1001, 1008, 1009, 1011, 1012, 1013})
 MAX_REASON_BYTES = 123  # a control frame carries 125 bytes, 2 of them the code
 
 
-def _reason_bytes(reason: str | None) -> bytes:
+def reason_bytes(reason: str | None) -> bytes:
+    """A close reason as UTF-8 cut to a close frame's room, on a character boundary."""
     data = (reason or "").encode("utf-8")[:MAX_REASON_BYTES]
     return data.decode("utf-8", errors="ignore").encode("utf-8")  # never cut a character in half
 
@@ -35,7 +36,7 @@ def install() -> bool:
         if message.get("type") != "websocket.close" or self.state == self.STATE_CONNECTING:
             return original(self, message)
         code = message.get("code") or 1000
-        reason = _reason_bytes(message.get("reason"))
+        reason = reason_bytes(message.get("reason"))
         if code in REGISTERED:
             self.sendCloseFrame(code=code, reasonUtf8=reason, isReply=False)
         else:

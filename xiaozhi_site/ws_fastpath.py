@@ -70,6 +70,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import unquote
 
+from xiaozhi_site.daphne_close import reason_bytes
+
 logger = logging.getLogger(__name__)
 
 BINARY_TAP = "xiaozhi.binary_tap"  # the scope extension's name (ASGI `scope["extensions"]`)
@@ -248,7 +250,6 @@ def set_gate(gate: Gate | None) -> None:
 
 
 WEBSOCKET_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 §1.3
-MAX_CLOSE_REASON_BYTES = 123  # a close frame's payload is at most 125 bytes, 2 of them the code
 
 
 def upgrade_refusal(data: bytes) -> bytes | None:
@@ -305,7 +306,7 @@ def _switching_protocols(key: bytes) -> bytes:
 
 def _close_frame(code: int, reason: str) -> bytes:
     """An unmasked close frame, as a server sends it (RFC 6455 §5.5.1)."""
-    text = reason.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore").encode()  # whole characters
+    text = reason_bytes(reason)
     return bytes((0x88, 2 + len(text))) + struct.pack("!H", code) + text
 
 
