@@ -61,7 +61,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hashlib
 import logging
 import pprint
 import struct
@@ -69,6 +68,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import unquote
+
+from websockets.utils import accept_key
 
 from xiaozhi_site.daphne_close import reason_bytes
 
@@ -249,9 +250,6 @@ def set_gate(gate: Gate | None) -> None:
     _gate = gate
 
 
-WEBSOCKET_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 §1.3
-
-
 def upgrade_refusal(data: bytes) -> bytes | None:
     """The answer to a connection's first read when it is a whole WebSocket upgrade request
     the gate refuses right now: the handshake accepted and a close frame with the gate's code
@@ -299,9 +297,8 @@ def _upgrade_request(data: bytes) -> tuple[str, bytes] | None:
 
 
 def _switching_protocols(key: bytes) -> bytes:
-    accept = base64.b64encode(hashlib.sha1(key + WEBSOCKET_GUID).digest())  # RFC 6455: SHA-1, not for security
     return (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+            b"Sec-WebSocket-Accept: " + accept_key(key.decode("ascii")).encode("ascii") + b"\r\n\r\n")
 
 
 def _close_frame(code: int, reason: str) -> bytes:
