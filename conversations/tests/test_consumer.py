@@ -390,15 +390,20 @@ async def test_an_mcp_call_result_comes_back_to_the_service(device: Device, firm
 async def test_a_pending_tool_call_fails_at_once_when_the_device_drops(
         device: Device, firmware: FirmwareMcp, sockets: list) -> None:
     await stored_tools(device)
+    called = asyncio.Event()
 
     async def never(_arguments: dict) -> bool:
+        called.set()
         await asyncio.sleep(60)
         return True
 
     firmware.server.set_handler("self.get_device_status", never)
     call = asyncio.get_running_loop().create_task(
         adevice_mcp_call(device=device, name="self.get_device_status", timeout=20))
-    await asyncio.sleep(0.2)
+    # The drop must come after the call reached the device: a fixed pause lost that race on a
+    # loaded CI machine, and then the call rightly waited for its own timeout.
+    async with asyncio.timeout(5):
+        await called.wait()
     await firmware.stop()
     await firmware.communicator.disconnect()
     sockets.remove(firmware.communicator)
