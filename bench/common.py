@@ -13,6 +13,7 @@ exits 0 whether or not a target is met.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import json
 import math
 import os
@@ -363,6 +364,18 @@ def cpu_seconds(pid: int) -> float:
 
 def own_cpu_seconds() -> float:
     return cpu_seconds(os.getpid())
+
+
+def generator_collector_off() -> None:
+    """The load generator is one process standing for hundreds or thousands of independent
+    devices; its own garbage collector stopped all of them at once (in P2 --overload its
+    lateness reached 145-155 ms, and the server then heard a burst of every device's frames
+    that no fleet sends: docs/performance.md, session 45). A run lasts minutes, so the
+    generator runs without the collector; reference counting still frees what is not in a
+    cycle. The server's own collector is untouched (xiaozhi_site/collector.py)."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
 
 
 def steal_note(span: str) -> str:

@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
 from common import (
-    BASE_DIR, BenchServer, core_share, fmt, header, md_table, median, own_cpu_seconds, percentile, server_modes,
-    steal_note, steal_seconds, verdict,
+    BASE_DIR, BenchServer, core_share, fmt, generator_collector_off, header, md_table, median, own_cpu_seconds,
+    percentile, server_modes, steal_note, steal_seconds, verdict,
 )
 from loadgen import LightDevice, mac_for
 
@@ -479,6 +479,7 @@ def main() -> None:
     with BenchServer(env=env, prefix="p10-", server=mode.server, workers=mode.workers,
                      redis_url=mode.redis_url) as bench:
         create_fleet(bench, members)
+        generator_collector_off()
         phases = asyncio.run(run(bench, members, args.window, min(args.calm, args.devices), args.breakdown,
                                  args.first_connect))
     report(phases, args.devices, args.window, mode.label + (", first connect" if args.first_connect else ""),

@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 
 from common import (
-    FAKE_PERSONA, BenchServer, core_share, fmt, header, md_table, median, own_cpu_seconds,
-    percentile, steal_note, steal_seconds, verdict,
+    FAKE_PERSONA, BenchServer, core_share, fmt, generator_collector_off, header, md_table, median,
+    own_cpu_seconds, percentile, steal_note, steal_seconds, verdict,
 )
 from loadgen import LightDevice, Utterance, mac_for, talk
 
@@ -224,6 +224,7 @@ def main() -> None:
     env = {"XIAOZHI_MAX_DEVICE_CONNECTIONS": str(args.devices + 100), "XIAOZHI_IDLE_TIMEOUT_SECONDS": "3600",
            "XIAOZHI_HARD_TIMEOUT_SECONDS": "3600"}
     with BenchServer(persona=persona, env=env, prefix="p1-", workers=args.workers, redis_url=args.redis) as bench:
+        generator_collector_off()
         phases = asyncio.run(run(bench, args))
     report(phases)
 

@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import (
-    FAKE_PERSONA, BenchServer, ServerMode, core_share, fmt, header, md_table, median, own_cpu_seconds, percentile,
-    server_modes, steal_note, steal_seconds, verdict,
+    FAKE_PERSONA, BenchServer, ServerMode, core_share, fmt, generator_collector_off, header, md_table, median,
+    own_cpu_seconds, percentile, server_modes, steal_note, steal_seconds, verdict,
 )
 from loadgen import LightDevice, Microphones, mac_for, with_room_noise
 
@@ -329,11 +329,12 @@ def overload_report(step: Step, capacity: int, workers: int, duration: float) ->
           f"until {ARRIVAL_S + duration:g} s; mix {step.mix}\n")
     print(md_table(
         ["server", "devices", "admitted", "refused (1013)", "admitted lag p50", "admitted lag p99", "lag max",
-         "dropped", "probe RTT p50", "probe RTT p99", "CPU server / load gen", "steal",
+         "dropped", "probe RTT p50", "probe RTT p99", "generator late p99 / max", "CPU server / load gen", "steal",
          "CPU in the arrivals, ms per device arriving: server / load gen"],
         [[step.mode, str(step.devices), str(step.connected), str(step.refused), fmt(step.lag_percentile(0.5)),
           fmt(step.lag_percentile(0.99)), fmt(step.lag_max_ms), str(step.dropped), fmt(median(step.probe_ms)),
           fmt(percentile(step.probe_ms, 0.99)),
+          f"{fmt(percentile(step.late_ms, 0.99), 1)} / {fmt(max(step.late_ms), 1)}" if step.late_ms else "-",
           f"{core_share(step.server_cpu, step.seconds)} / {core_share(step.client_cpu, step.seconds)}",
           core_share(step.steal, step.seconds),
           f"{step.arrivals_cpu / step.devices * 1000:.2f} / {step.arrivals_client_cpu / step.devices * 1000:.2f}"]],
@@ -413,10 +414,12 @@ def main() -> None:
            "XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS": str(top + 100), "XIAOZHI_IDLE_TIMEOUT_SECONDS": "3600",
            "XIAOZHI_HARD_TIMEOUT_SECONDS": "3600"}
     if args.overload:  # admission as configured by default, plus the streaming limit
+        generator_collector_off()
         step = asyncio.run(run_overload(modes[0], args.capacity, arrivals, mixes[0], duration, persona, env))
         overload_report(step, args.capacity, modes[0].workers, duration)
         return
     env["XIAOZHI_ADMISSION_MAX_LAG_MS"] = "0"  # capacity is what is measured: admit everyone
+    generator_collector_off()
     steps = asyncio.run(run(modes, counts, mixes, duration, persona, env))
     report(steps, duration)
 

@@ -29,7 +29,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 
-from common import BenchServer, fmt, header, md_table, median, percentile, rss_bytes, verdict
+from common import BenchServer, fmt, generator_collector_off, header, md_table, median, percentile, rss_bytes, verdict
 from loadgen import LightDevice, mac_for
 
 RSS_TARGET = 1024**3  # 1 GB (GiB)
@@ -214,6 +214,7 @@ def main() -> None:
         "XIAOZHI_IDLE_TIMEOUT_SECONDS": "3600", "XIAOZHI_HARD_TIMEOUT_SECONDS": "3600",
     }
     with BenchServer(env=env, prefix="p3-", workers=args.workers, redis_url=args.redis) as bench:
+        generator_collector_off()
         result = asyncio.run(run(bench, args))
     report(result)
 
