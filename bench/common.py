@@ -6,6 +6,8 @@
   per-session stats written as JSON lines (bench/server_settings.py).
 - Reading results back: turn timings from the database, pipeline stats, server RSS.
 - Reporting: percentiles, markdown tables, machine description, PASS/FAIL lines.
+- The load generator's own process: `generator_collector_off` (no collector pauses that
+  would stall every simulated device at once).
 
 Every benchmark prints a markdown table plus the date, the machine and the command line, and
 exits 0 whether or not a target is met.

@@ -26,15 +26,17 @@ of the decode + VAD of the batch holding it (back on the event loop); it logs th
 "hearing stats" when the session closes (bench/server_settings.py writes them to a file).
 What happens before `push` (kernel, daphne, Channels) is seen by a probe device sending a
 repeated hello every 100 ms: its round trip is the event loop's responsiveness under load.
-The load generator runs on the same two cores; its own lateness is reported. Server CPU is
-reported per frame heard: all server processes, and their event-loop (main) threads.
+The load generator runs on the same two cores, without its garbage collector (bench/common.py
+`generator_collector_off`); its own lateness is reported. Server CPU is reported per frame
+heard: all server processes, and their event-loop (main) threads.
 
 `--overload`: admission past capacity (conversations/admission.py). The server gets
 XIAOZHI_MAX_STREAMING_SESSIONS = capacity / workers; 2 x capacity devices arrive over 10 s
 (connect, hello, stream at once, as users pressing the button). The report shows how many
 were admitted and refused (close code 1013, no retry here; the firmware retries), the
-admitted devices' decode + VAD lag and dropped packets, the probe's round trip, and the
-server's and the load generator's CPU over the 10 s of arrivals per device arriving.
+admitted devices' decode + VAD lag and dropped packets, the probe's round trip, the generator's
+lateness, and the server's and the load generator's CPU over the 10 s of arrivals per device
+arriving.
 `--arrivals N` sends another number of devices: `--capacity 2 --arrivals 800` measures what a
 refusal costs.
 """
