@@ -17,6 +17,16 @@ import gc
 # younger collections); the cyclic garbage of closed sessions waits a little longer in
 # memory (at most this many objects in the youngest generation).
 YOUNG_THRESHOLD = 10_000
+# Young collections before a middle one (Python's default: 10). A middle collection walks the
+# survivors of every young collection since the last: while devices arrive that is their new
+# sessions, and ten young generations' worth stopped both workers at once for up to 50-86 ms
+# in P2 --overload (session 45: 32 middle collections a worker, 105-193 ms in all); with three,
+# 78 of them took at most 18-40 ms (90-145 ms in all), and no full collection ran in either.
+MIDDLE_THRESHOLD = 3
+# Middle collections before a full one (Python's default: 10): 30 x 3 = 90 young collections,
+# the cadence full collections had with 10 x 10 (Python also waits until the survivors since
+# the last full one are a quarter of the old heap).
+OLD_THRESHOLD = 30
 
 
 def settle_heap(young_threshold: int = YOUNG_THRESHOLD) -> None:
@@ -25,5 +35,4 @@ def settle_heap(young_threshold: int = YOUNG_THRESHOLD) -> None:
     P1 tail: 110-175 ms → ~20 ms), and young collections run less often."""
     gc.collect()
     gc.freeze()
-    _young, middle, old = gc.get_threshold()
-    gc.set_threshold(young_threshold, middle, old)
+    gc.set_threshold(young_threshold, MIDDLE_THRESHOLD, OLD_THRESHOLD)
