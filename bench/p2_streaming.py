@@ -415,13 +415,12 @@ def main() -> None:
     env = {"XIAOZHI_MAX_DEVICE_CONNECTIONS": str(top + 100),
            "XIAOZHI_MAX_UNBOUND_DEVICE_CONNECTIONS": str(top + 100), "XIAOZHI_IDLE_TIMEOUT_SECONDS": "3600",
            "XIAOZHI_HARD_TIMEOUT_SECONDS": "3600"}
+    generator_collector_off()
     if args.overload:  # admission as configured by default, plus the streaming limit
-        generator_collector_off()
         step = asyncio.run(run_overload(modes[0], args.capacity, arrivals, mixes[0], duration, persona, env))
         overload_report(step, args.capacity, modes[0].workers, duration)
         return
     env["XIAOZHI_ADMISSION_MAX_LAG_MS"] = "0"  # capacity is what is measured: admit everyone
-    generator_collector_off()
     steps = asyncio.run(run(modes, counts, mixes, duration, persona, env))
     report(steps, duration)
 
