@@ -9,9 +9,9 @@ Each process appends JSON lines to BENCH_GC_FILE: one per full (generation 2) co
 (its pause, what it collected, the objects it walked) and, every 2 s, its totals per
 generation (count, total and longest pause). Not used by the default runs: the hook costs a
 few microseconds per collection, and counting the objects of a full collection walks them
-again (after the pause is timed). BENCH_GC_THRESHOLDS=a,b,c sets other collector thresholds
-in the web workers, for experiments; these settings are read before xiaozhi_site/asgi.py
-sets the server's own (xiaozhi_site/collector.py), so it only counts where that sets none.
+again (after the pause is timed). The thresholds are the server's own: xiaozhi_site/asgi.py
+sets them after these settings are read (xiaozhi_site/collector.py), so an experiment with
+others changes that file's constants.
 """
 from __future__ import annotations
 
@@ -106,8 +106,6 @@ def _is_web_worker() -> bool:
 
 if os.environ.get("BENCH_GC_FILE") and __name__ != "__main__" and _is_web_worker():
     install(os.environ["BENCH_GC_FILE"])
-    if os.environ.get("BENCH_GC_THRESHOLDS"):  # an experiment: other thresholds than the server's
-        gc.set_threshold(*(int(part) for part in os.environ["BENCH_GC_THRESHOLDS"].split(",")))
 
 if __name__ == "__main__":
     summary(sys.argv[1])

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from devices.auth import CLOSE_AUTH_FAILED, CLOSE_NOT_ACTIVATED, device_authenticate
 from devices.models import Device
@@ -101,6 +103,17 @@ def test_open_mode_lets_an_unknown_device_in_and_records_it(settings: Any) -> No
     result = device_authenticate(headers={"Device-Id": "02:00:00:00:aa:01", "Client-Id": "c1"}, query={})
     assert result.ok and not result.bound and result.device.mac == "02:00:00:00:aa:01"
     assert Device.objects.filter(mac="02:00:00:00:aa:01", client_id="c1").exists()
+
+
+def test_open_mode_reads_a_known_device_by_one_query_without_joins(settings: Any) -> None:
+    settings.XIAOZHI_WS_AUTH = "open"
+    device = BoundDeviceFactory()
+    headers = {"Device-Id": device.mac, "Client-Id": device.client_id}
+    device_authenticate(headers=headers, query={})  # the prepared query is built once
+    with CaptureQueriesContext(connection) as queries:
+        result = device_authenticate(headers=headers, query={})
+    assert result.ok and result.bound and result.device == device
+    assert len(queries) == 1 and "JOIN" not in queries[0]["sql"].upper()
 
 
 def test_an_allowlisted_mac_skips_the_token(settings: Any) -> None:
