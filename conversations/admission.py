@@ -39,10 +39,11 @@ connection and the upgrade); then `FIRST_BUDGET` in one read once the hearing is
 `FIRST_BUDGET` more every tick on time, until `FREE_BUDGET` ends the pacing. A hold lasts at
 most `MAX_HOLD_SECONDS`. A hearing late for longer is overload whatever the streaming count
 says (a limit set above what the machine carries): the new devices are refused with 1013 until
-it is on time again, and the server takes `FIRST_BUDGET` connections for every tick's worth of
-time (the ticks themselves come late then), so the admin and the check-ins still get in and
-the devices waiting in the kernel's queue hear their 1013 within the firmware's 10 s (at 2 ×
-650 on a machine that carries 300-400, 622 of 650 refusals used to time out there instead).
+it is on time again, and the server takes the waiting connections by their deadlines (below,
+"Refusals"; `FIRST_BUDGET` for every tick's worth of time where it cannot count its queue:
+the ticks themselves come late then), so the admin and the check-ins still get in and the
+devices waiting in the kernel's queue hear their 1013 within the firmware's 10 s (at 2 × 650
+on a machine that carries 300-400, 622 of 650 refusals used to time out there instead).
 
 **Set-ups.** Pacing reads a lag that is already there, and at twice the capacity arriving in
 10 s the last admissions still made it: a worker near its streaming limit spent the CPU it had
@@ -56,13 +57,29 @@ answered. A lone arrival waits at most one spacing, a burst at most ~5 s, within
 firmware's 10 s for the server's hello; a device that leaves while it waits is set up and
 closed at its turn.
 
+**Refusals.** Once a worker's places are full, everyone who arrives is refused, and at twice the
+capacity arriving in 10 s those refusals came at the rate the devices arrived, each an accept, a
+read, a write and a close on the interpreter lock the full worker's hearing needs, plus the
+generator's half of the loopback TCP in the benchmark (~0.7 + ~1.3 ms a refused device on session
+45's machine) at the moment the machine had least to spare. The firmware gives the TCP connection
+and the upgrade 10 s. So while the worker is full, the connections waiting in its listening
+socket's queue (`WaitingLine`: the kernel's count, read every tick, and when each was first seen)
+are taken at the rate that answers each within `REFUSAL_DEADLINE_S` of its arrival if no more
+came, and at least `REFUSALS_AT_ONCE` a tick: a lone device hears its 1013 at once, a burst is
+answered over the deadline instead of as it comes. A place freed meanwhile goes to the oldest
+waiting. The trickle of a hearing late for long is taken the same way. Meanwhile everything
+else arriving on the port (a check-in, the admin) waits in the same queue, up to the same
+deadline.
+
 The watcher is one timer per process, started by the first device socket.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -83,6 +100,8 @@ MAX_TRICKLE_TICKS = 8  # a late loop's trickle: at most this many ticks' worth i
 LAST_PLACES_SHARE = 0.3  # the last 30 % of the streaming places...
 LAST_PLACES_FILL_SECONDS = 5.0  # ...take this long to fill when all are wanted at once...
 MAX_SETUP_SPACING = 0.25  # ...with set-ups never spaced more than this (small limits)
+REFUSAL_DEADLINE_S = 5.0  # full: a waiting connection hears its 1013 within this (the firmware waits 10 s)
+REFUSALS_AT_ONCE = 1  # full: connections taken every tick whatever the deadlines say
 
 
 @dataclass(frozen=True)
@@ -95,6 +114,55 @@ class Limits:
 # How many new connections the server may accept until told again: 0 (they wait in the kernel's
 # queue), n (in one read), None (any number).
 Pace = Callable[[int | None], None]
+
+
+# This process's listening sockets as the kernel counts them: (connections waiting in their
+# queues, connections accepted from them so far).
+Line = Callable[[], tuple[int, int]]
+
+
+class WaitingLine:
+    """The connections waiting in the kernel's queue, oldest first, by the tick at which each
+    was first counted (the queue is first in, first out). Fed the kernel's two counts every
+    tick: what arrived is what was accepted plus what waits."""
+
+    def __init__(self) -> None:
+        self._groups: deque[list[float]] = deque()  # [first counted at, how many], oldest first
+        self._arrived: int | None = None  # accepted + waiting at the last count
+        self._accepted = 0
+
+    @property
+    def waiting(self) -> int:
+        return int(sum(count for _, count in self._groups))
+
+    def count(self, waiting: int, accepted: int, now: float) -> None:
+        arrived = accepted + waiting
+        if self._arrived is None:  # the first count: whatever waits arrived now, as far as we know
+            self._arrived, self._accepted = accepted, accepted
+        if arrived > self._arrived:
+            self._groups.append([now, arrived - self._arrived])
+        self._arrived = max(self._arrived, arrived)
+        self._drop(accepted - self._accepted)
+        self._accepted = accepted
+        self._drop(self.waiting - waiting)  # gone from the queue unaccepted (reset), or miscounted
+
+    def _drop(self, count: int) -> None:
+        """The oldest `count` leave the line."""
+        while count > 0 and self._groups:
+            taken = min(count, int(self._groups[0][1]))
+            self._groups[0][1] -= taken
+            count -= taken
+            if not self._groups[0][1]:
+                self._groups.popleft()
+
+    def rate_due(self, deadline_s: float, now: float) -> float:
+        """Connections a second to take so that every one waiting is taken within `deadline_s`
+        of being counted, if no more came: for the oldest k, k over the time the k-th has left."""
+        rate, ahead = 0.0, 0.0
+        for seen, count in self._groups:
+            ahead += count
+            rate = max(rate, ahead / max(TICK_SECONDS, deadline_s - (now - seen)))
+        return rate
 
 
 class HoldsPlace(Protocol):
@@ -113,13 +181,21 @@ class Admission:
 
     def __init__(self, limits: Limits, count_streaming: Callable[[], int] | None = None,
                  pool_probe: Callable[[], Awaitable[object]] | None = None,
-                 hearing_lag: Callable[[], float] | None = None, pace: Pace | None = None) -> None:
+                 hearing_lag: Callable[[], float] | None = None, pace: Pace | None = None,
+                 line: Line | None = None) -> None:
         self.limits = limits
         self._sockets: weakref.WeakSet[HoldsPlace] = weakref.WeakSet()  # admitted, still open or not yet collected
         self._count_streaming = count_streaming or (lambda: streaming_places(self._sockets, _loop_time()))
         self._pool_probe = pool_probe
         self._hearing_lag = hearing_lag
         self._pace = pace
+        self._line = line  # the listening sockets' counts, where the server has them
+        self.waiting = WaitingLine()
+        self._refusal_credit = 0.0  # connections due to be taken, not yet whole
+        self._due_this_tick = 0.0  # connections the waiting line's deadlines ask for, this tick
+        self._line_seen_at: float | None = None  # loop time of the last count of the line
+        self._pacing_refusals = False
+        self.full_spells = 0  # times the places filled with the refusals' pacing on
         self.accept_budget: int | None = None  # new connections the server may take next tick (None: any)
         self._held_since = 0.0
         self._trickling = False  # late for longer than a hold: newcomers are refused
@@ -216,23 +292,60 @@ class Admission:
                 # overload. Newcomers are refused (`refusal`) and let in to hear it by the
                 # clock, not by the tick: a loop whose ticks came 0.3 s apart took 2 connections
                 # in 0.3 s, and the devices waiting in the kernel's queue outlived the firmware's
-                # 10 s instead of hearing 1013.
-                budget, self._trickling = FIRST_BUDGET * ticks, True
+                # 10 s instead of hearing 1013. Where the server counts its queue, by the
+                # waiting connections' deadlines instead ("Refusals").
+                budget = self._deadline_budget() if self._line is not None else FIRST_BUDGET * ticks
+                self._trickling = True
             elif budget > FIRST_BUDGET:  # late again while recovering: held, the hold's clock running on
                 self._count_hold(lag_ms)
                 budget = 0
         elif budget is not None:
             budget += FIRST_BUDGET  # added, not doubled: 64 or 128 refusals in one read were a 100 ms stall
-            self._trickling = False
+            self._trickling, self._refusal_credit = False, 0.0
             if budget >= FREE_BUDGET:
                 budget = None
-        if budget == self.accept_budget and budget in (0, None):
+        self._set_budget(budget)
+
+    def _set_budget(self, budget: int | None) -> None:
+        if self._pace is None or (budget == self.accept_budget and budget in (0, None)):
             return  # still held, or still free: nothing to tell the server
         self.accept_budget = budget
         try:
             self._pace(budget)
         except Exception:  # a server without listening ports, or one that is closing
             logger.exception("pacing new connections failed")
+
+    def observe_line(self, waiting: int, accepted: int, now: float) -> bool:
+        """The kernel's counts for the listening sockets (module docstring, "Refusals"). While
+        the places are full the budget answers the waiting connections by their deadlines, and
+        True is returned: the hearing's pacing resumes once a place is free."""
+        last, self._line_seen_at = self._line_seen_at, now
+        self.waiting.count(waiting, accepted, now)
+        elapsed = TICK_SECONDS if last is None else min(now - last, MAX_TRICKLE_TICKS * TICK_SECONDS)
+        self._due_this_tick = self.waiting.rate_due(REFUSAL_DEADLINE_S, now) * elapsed
+        most = self.limits.max_streaming
+        if self._pace is None or not most or self._places_held() < most:
+            if self._pacing_refusals:  # a place is free: a few at a time from here (or free without hearing pacing)
+                self._pacing_refusals, self._held_since, self._refusal_credit = False, now, 0.0
+                self._set_budget(FIRST_BUDGET if self.limits.hold_lag_ms else None)
+            return False
+        if not self._pacing_refusals:
+            self._pacing_refusals = True
+            self.full_spells += 1
+            if self.full_spells == 1 or self.full_spells % 50 == 0:  # one line per burst, not per tick
+                logger.warning("places full: waiting connections are refused by their deadline", extra={
+                    "waiting": waiting, "full_spells": self.full_spells, "deadline_s": REFUSAL_DEADLINE_S})
+        self._set_budget(self._deadline_budget())
+        return True
+
+    def _deadline_budget(self) -> int:
+        """Connections to take this tick so that each one waiting is answered within
+        `REFUSAL_DEADLINE_S` of its arrival (`observe_line` counted them), at least
+        `REFUSALS_AT_ONCE`."""
+        self._refusal_credit += self._due_this_tick
+        due = math.floor(self._refusal_credit)
+        self._refusal_credit -= due
+        return max(REFUSALS_AT_ONCE, due)
 
     def _ticks_since(self, now: float) -> int:
         """Ticks' worth of time since the last hearing sample (1 at the first), at most
@@ -276,7 +389,8 @@ class Admission:
                 lag = max(lag, loop.time() - now)
                 now = loop.time()
             self.observe_lag(lag * 1000, now)
-            if self._hearing_lag is not None:
+            paced = self._line is not None and self.observe_line(*self._line(), now)
+            if self._hearing_lag is not None and not paced:
                 self.observe_hearing(self._hearing_lag() * 1000, now)
             tick += 1
             if self.limits.max_streaming and tick % COUNT_EVERY_TICKS == 0:
@@ -308,13 +422,15 @@ def _loop_time() -> float:
 
 _admission: Admission | None = None
 _pace: Pace | None = None
+_line: Line | None = None
 
 
-def set_pace(pace: Pace | None) -> None:
-    """How this process paces the connections it accepts (the web server's; xiaozhi_site.asgi
-    sets daphne's listening ports). Without one, admission only refuses."""
-    global _pace
-    _pace = pace
+def set_pace(pace: Pace | None, line: Line | None = None) -> None:
+    """How this process paces the connections it accepts, and counts those waiting (the web
+    server's; xiaozhi_site.asgi sets daphne's listening ports). Without them, admission only
+    refuses."""
+    global _pace, _line
+    _pace, _line = pace, line
 
 
 def admission() -> Admission:
@@ -329,7 +445,8 @@ def admission() -> Admission:
                         max_lag_ms=settings.XIAOZHI_ADMISSION_MAX_LAG_MS,
                         hold_lag_ms=settings.XIAOZHI_ADMISSION_HOLD_LAG_MS)
         mill = CpuMill.for_executor(shared_executor())
-        _admission = Admission(limits, pool_probe=lambda: mill.run(_nothing), hearing_lag=mill.take_lag, pace=_pace)
+        _admission = Admission(limits, pool_probe=lambda: mill.run(_nothing), hearing_lag=mill.take_lag,
+                               pace=_pace, line=_line)
     return _admission
 
 

@@ -25,7 +25,9 @@ from conversations.routing import websocket_urlpatterns  # noqa: E402
 
 ws_fastpath.set_gate(refusal_before_application)  # devices past capacity: 1013 before any consumer
 daphne_limits.set_first_read_answer(ws_fastpath.upgrade_refusal)  # ...and before daphne parses their request
-set_pace(ListeningPorts().pace)  # while the hearing is late, new connections wait in the kernel's queue
+# While the hearing is late or the places are full, new connections wait in the kernel's queue.
+listening_ports = ListeningPorts()
+set_pace(listening_ports.pace, listening_ports.line)
 
 application = ProtocolTypeRouter(
     {

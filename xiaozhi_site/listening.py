@@ -12,6 +12,11 @@ each worker has its own) at no cost to anyone; with a budget, one read takes at 
 many; free, it is read as usual. The firmware allows 10 s for the TCP connection and the
 upgrade together.
 
+Admission also reads how many connections wait in these queues every tick (`line`: the
+kernel's count for a listening socket, TCP_INFO, and Twisted's count of the connections
+accepted): while a worker's places are full, or its hearing has been late for long, it takes
+them at the rate that answers each within a deadline, instead of all at once.
+
 daphne only: its Twisted listening ports are found among the reactor's readers at the first
 call (a device has connected, so daphne listens). Under another server there are none, and
 pacing does nothing.
@@ -19,6 +24,8 @@ pacing does nothing.
 from __future__ import annotations
 
 import logging
+import socket
+import struct
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -47,6 +54,14 @@ class ListeningPorts:
                     port.numberAccepts = budget  # Twisted accepts at most this many in a read
                 port.startReading()
 
+    def line(self) -> tuple[int, int]:
+        """(connections waiting in these ports' queues, connections accepted from them so far)."""
+        waiting = accepted = 0
+        for port in self._find():
+            accepted += port.sessionno  # Twisted numbers each connection it accepts
+            waiting += queue_length(port.socket)
+        return waiting, accepted
+
     def _after_read(self, port: Any, read: Callable[[], Any]) -> Any:
         try:
             return read()
@@ -72,3 +87,20 @@ def _reactor_ports() -> list[Any]:
 
     readers: list[Any] = cast(Any, reactor).getReaders()  # the installed reactor: its module is typed as none
     return [reader for reader in readers if isinstance(reader, tcp.Port)]
+
+
+# struct tcp_info (linux/tcp.h): 8 one-byte fields, then u32s; for a listening socket the kernel
+# puts the accept queue's length in tcpi_unacked, the fifth of them (after rto, ato and the MSSs).
+_TCP_INFO_UNACKED = struct.Struct("=8x16xI")
+
+
+def queue_length(sock: socket.socket | None) -> int:
+    """Connections the kernel has completed into a listening socket's queue, not yet accepted
+    (0 where the platform does not say, or the socket is closed)."""
+    if sock is None or not hasattr(socket, "TCP_INFO"):
+        return 0
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_UNACKED.size)
+    except OSError:
+        return 0
+    return _TCP_INFO_UNACKED.unpack_from(info)[0] if len(info) >= _TCP_INFO_UNACKED.size else 0

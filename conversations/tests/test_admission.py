@@ -14,6 +14,7 @@ from channels.testing import WebsocketCommunicator
 
 from conversations import admission as admission_module
 from conversations.admission import (
+    COUNT_EVERY_TICKS,
     FIRST_BUDGET,
     FREE_BUDGET,
     LAST_PLACES_FILL_SECONDS,
@@ -23,9 +24,12 @@ from conversations.admission import (
     MAX_SETUP_SPACING,
     OVER_SAMPLES,
     RECOVER_SECONDS,
+    REFUSAL_DEADLINE_S,
+    REFUSALS_AT_ONCE,
     TICK_SECONDS,
     Admission,
     Limits,
+    WaitingLine,
 )
 from conversations.consumers import DeviceConsumer
 from conversations.routing import websocket_urlpatterns
@@ -215,6 +219,92 @@ async def test_without_a_hold_threshold_or_a_server_to_pace_nothing_is_held() ->
     assert paced == [] and gate.accept_budget is None
 
 
+def test_the_waiting_line_knows_when_each_waiting_connection_came_oldest_first() -> None:
+    line = WaitingLine()
+    line.count(waiting=2, accepted=10, now=0.0)  # the first count: what waits came now, as far as it knows
+    line.count(waiting=5, accepted=10, now=1.0)  # 3 more
+    line.count(waiting=4, accepted=13, now=2.0)  # 3 taken (the oldest: both of 0.0, one of 1.0), 2 more
+    assert line.waiting == 4
+    # The two of 1.0 have 4 s left, all four have 5 s at most: 4 / 5 a second answers them all in time.
+    assert line.rate_due(5.0, 2.0) == pytest.approx(max(2 / 4, 4 / 5))
+    assert line.rate_due(5.0, 5.99) == pytest.approx(2 / TICK_SECONDS)  # past due: all at once
+    line.count(waiting=1, accepted=13, now=3.0)  # three left the queue unaccepted (reset): the oldest go
+    assert line.waiting == 1 and line.rate_due(5.0, 3.0) == pytest.approx(1 / 4)
+    line.count(waiting=0, accepted=14, now=4.0)
+    assert line.waiting == 0 and line.rate_due(5.0, 4.0) == 0.0
+
+
+def _answer_burst(gate: Admission, paced: list[int | None], burst: int) -> list[float]:
+    """A burst waiting in the kernel's queue of a full worker; each tick the server takes what
+    the budget allows. Returns when each connection was taken."""
+    waiting, accepted, taken_at, now = burst, 0, [], 0.0
+    while waiting and now < 3 * REFUSAL_DEADLINE_S:
+        assert gate.observe_line(waiting, accepted, now)  # full: the refusals' pacing decides
+        take = min(waiting, paced[-1] or 0)
+        waiting, accepted = waiting - take, accepted + take
+        taken_at += [now] * take
+        now += TICK_SECONDS
+    return taken_at
+
+
+async def test_a_full_worker_answers_a_burst_over_its_deadline_and_a_lone_device_at_once() -> None:
+    paced: list[int | None] = []
+    gate = Admission(Limits(max_streaming=2, hold_lag_ms=10), count_streaming=lambda: 0, pace=paced.append)
+    gate.observe_streaming(2)
+    assert _answer_burst(gate, paced, 1) == [0.0]  # a lone device hears its 1013 in the first tick
+    taken_at = _answer_burst(gate, paced, 400)  # twice the capacity of a worker, all at once
+    assert len(taken_at) == 400 and max(taken_at) <= REFUSAL_DEADLINE_S  # every one in time...
+    assert sum(at < 1.0 for at in taken_at) < 400 * 0.25  # ...spread out, not all in the first tick
+    assert max(taken_at.count(at) for at in set(taken_at)) < 400 / 10
+
+
+async def test_a_place_freed_ends_the_refusals_pacing_and_the_hearings_takes_over() -> None:
+    paced: list[int | None] = []
+    gate = Admission(Limits(max_streaming=2, hold_lag_ms=10), count_streaming=lambda: 0, pace=paced.append)
+    gate.observe_streaming(1)
+    assert not gate.observe_line(50, 0, 0.0) and paced == []  # a place is free: nothing paced here
+    gate.observe_streaming(2)
+    assert gate.observe_line(50, 0, 0.05) and paced == [REFUSALS_AT_ONCE]
+    gate.observe_streaming(1)  # a device left
+    assert not gate.observe_line(49, 1, 0.10) and paced[-1] == FIRST_BUDGET  # a few at a time from here
+    gate.observe_hearing(1.0, 0.15)  # on time: the hearing's pacing grows the budget as after a hold
+    assert paced[-1] == 2 * FIRST_BUDGET
+    unpaced: list[int | None] = []
+    free = Admission(Limits(max_streaming=1), count_streaming=lambda: 0, pace=unpaced.append)
+    free.observe_streaming(1)
+    assert free.observe_line(10, 0, 0.0)
+    free.observe_streaming(0)
+    assert not free.observe_line(9, 1, 0.05) and unpaced[-1] is None  # no hearing pacing: free at once
+
+
+async def test_a_hearing_late_for_long_takes_its_trickle_by_the_waiting_lines_deadlines() -> None:
+    paced: list[int | None] = []
+    gate = Admission(Limits(max_streaming=500, hold_lag_ms=20), count_streaming=lambda: 0, pace=paced.append,
+                     line=lambda: (0, 0))
+    assert not gate.observe_line(0, 0, 0.0)
+    gate.observe_hearing(50.0, 0.0)  # held
+    now = MAX_HOLD_SECONDS
+    assert not gate.observe_line(3, 0, now)  # three just arrived, five seconds left each
+    gate.observe_hearing(50.0, now)
+    assert gate.refusal(now) == "server busy: overloaded"
+    assert paced == [0, REFUSALS_AT_ONCE]  # not FIRST_BUDGET for each tick's worth of time
+    now += REFUSAL_DEADLINE_S  # nobody taken since: all three are due
+    gate.observe_line(3, 0, now)
+    gate.observe_hearing(50.0, now)
+    assert paced[-1] >= 3
+
+
+async def test_without_a_streaming_limit_or_a_server_to_pace_the_line_paces_nothing() -> None:
+    paced: list[int | None] = []
+    unlimited = Admission(Limits(hold_lag_ms=10), count_streaming=lambda: 10_000, pace=paced.append)
+    unlimited.observe_streaming(10_000)
+    assert not unlimited.observe_line(500, 0, 0.0)
+    no_server = Admission(Limits(max_streaming=1), count_streaming=lambda: 0)
+    no_server.observe_streaming(1)
+    assert not no_server.observe_line(500, 0, 0.0)
+    assert paced == [] and unlimited.waiting.waiting == 500  # still counted
+
+
 # -- the watcher (virtual time) --------------------------------------------------------------
 
 
@@ -228,6 +318,22 @@ async def test_the_watcher_holds_new_connections_while_the_hearings_mean_lag_is_
     await asyncio.sleep(TICK_SECONDS * 4.5)
     assert paced == [0, FIRST_BUDGET]
     gate._task.cancel()
+
+
+@pytest.mark.virtual_time
+async def test_the_watcher_reads_the_line_and_paces_the_refusals_once_the_places_are_full() -> None:
+    paced: list[int | None] = []
+    queue = {"waiting": 0, "accepted": 0, "streaming": 0}
+    gate = Admission(Limits(max_streaming=1, hold_lag_ms=10), count_streaming=lambda: queue["streaming"],
+                     hearing_lag=lambda: 0.0, pace=paced.append, line=lambda: (queue["waiting"], queue["accepted"]))
+    gate.ensure_watching()
+    await asyncio.sleep(TICK_SECONDS * (COUNT_EVERY_TICKS + 0.5))
+    assert paced == [] and gate.waiting.waiting == 0  # a place free, nobody waiting: free, nothing told
+    queue["streaming"], queue["waiting"] = 1, 100
+    await asyncio.sleep(TICK_SECONDS * (COUNT_EVERY_TICKS + 3.5))  # counted full, then a few ticks
+    assert paced and set(paced) == {REFUSALS_AT_ONCE}  # 100 over 5 s: one a tick
+    assert gate.waiting.waiting == 100
+    gate._task.cancel()  # type: ignore[union-attr]
 
 
 @pytest.mark.virtual_time

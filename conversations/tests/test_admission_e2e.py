@@ -60,10 +60,7 @@ async def test_a_refused_upgrade_is_answered_on_its_first_read_and_one_in_pieces
     admitted = await _device(server)
     try:
         assert (await admitted.hello())["type"] == "hello"
-        request = (b"GET /xiaozhi/v1/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                   b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-                   b"Protocol-Version: 1\r\nDevice-Id: aa:bb:cc:dd:ee:01\r\nClient-Id: raw\r\n\r\n")
-        close = b"\x88\x29\x03\xf5server busy: streaming capacity reached"
+        request, close = _REQUEST, _CLOSE_FULL
         whole, reset = await _raw_exchange(server, [request])
         assert not reset  # a half-close: the client reads every byte, then the end
         assert whole == (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\n"
@@ -75,6 +72,30 @@ async def test_a_refused_upgrade_is_answered_on_its_first_read_and_one_in_pieces
         assert (await admitted.hello())["type"] == "hello"
     finally:
         await admitted.close()
+
+
+async def test_a_burst_at_a_full_worker_waits_in_the_kernels_queue_and_every_device_hears_1013_in_time(
+        asgi_server_factory: Any) -> None:
+    # 60 at once at a full worker: more than one a tick, so the line is paced by its deadline;
+    # every one is answered with 1013 within the firmware's 10 s, the admitted device untouched.
+    server = asgi_server_factory(XIAOZHI_MAX_STREAMING_SESSIONS="1", XIAOZHI_WORKERS="1")
+    admitted = await _device(server)
+    try:
+        assert (await admitted.hello())["type"] == "hello"
+        await _logged(server, "pacing new connections on 1 listening port(s)")  # the watcher reads the line
+        burst = await asyncio.wait_for(asyncio.gather(*(_raw_exchange(server, [_REQUEST]) for _ in range(60))),
+                                       timeout=10)
+        assert all(received.endswith(_CLOSE_FULL) for received, _reset in burst)
+        assert "places full: waiting connections are refused by their deadline" in server.log()
+        assert (await admitted.hello())["type"] == "hello"
+    finally:
+        await admitted.close()
+
+
+_REQUEST = (b"GET /xiaozhi/v1/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+            b"Protocol-Version: 1\r\nDevice-Id: aa:bb:cc:dd:ee:01\r\nClient-Id: raw\r\n\r\n")
+_CLOSE_FULL = b"\x88\x29\x03\xf5server busy: streaming capacity reached"
 
 
 async def _raw_exchange(server: Any, writes: list[bytes]) -> tuple[bytes, bool]:

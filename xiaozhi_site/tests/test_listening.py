@@ -13,7 +13,7 @@ import pytest
 from twisted.internet import tcp
 from twisted.internet.protocol import Factory, Protocol
 
-from xiaozhi_site.listening import ListeningPorts
+from xiaozhi_site.listening import ListeningPorts, queue_length
 from xiaozhi_site.tests.recording_reactor import RecordingReactor
 
 
@@ -62,6 +62,24 @@ def test_held_connections_wait_then_come_in_a_budget_per_read_then_freely(port: 
     assert listening in reactor.readers  # free: it keeps reading
 
 
+def test_the_line_counts_the_connections_waiting_in_the_kernels_queue_and_those_accepted(port: Any) -> None:
+    listening, factory, _reactor, _clients = port
+    ports = ListeningPorts(find=lambda: [listening])
+    assert ports.line() == (10, 0)  # the kernel completed all ten handshakes; nobody accepted them
+    ports.pace(3)
+    listening.doRead()
+    assert ports.line() == (7, 3) and factory.connections == 3
+    ports.pace(None)
+    listening.doRead()
+    assert ports.line() == (0, 10)
+
+
+def test_a_queue_length_is_zero_for_a_closed_or_missing_socket() -> None:
+    closed = socket.socket()
+    closed.close()
+    assert queue_length(closed) == 0 and queue_length(None) == 0
+
+
 def test_a_closing_port_is_not_read_again(port: Any) -> None:
     listening, _factory, reactor, _clients = port
     ports = ListeningPorts(find=lambda: [listening])
@@ -74,7 +92,7 @@ def test_a_closing_port_is_not_read_again(port: Any) -> None:
 def test_outside_daphne_there_is_nothing_to_pace_and_no_reactor_is_installed() -> None:
     script = (
         "import sys\n"
-        "from xiaozhi_site.listening import ListeningPorts, _reactor_ports\n"
+        "from xiaozhi_site.listening import ListeningPorts, queue_length, _reactor_ports\n"
         "assert _reactor_ports() == []\n"
         "ListeningPorts().pace(0)\n"
         "ListeningPorts().pace(None)\n"
