@@ -21,6 +21,7 @@ ws_fastpath.install()  # autobahn's per-frame unmasking and debug line, made che
 tcp_write.install()  # a write with nothing queued goes to the socket at once, keeping the interpreter lock
 
 from conversations.admission import refusal_before_application, set_pace  # noqa: E402
+from conversations.pipeline.engine import preload_hearing  # noqa: E402
 from conversations.routing import websocket_urlpatterns  # noqa: E402
 
 ws_fastpath.set_gate(refusal_before_application)  # devices past capacity: 1013 before any consumer
@@ -36,6 +37,8 @@ application = ProtocolTypeRouter(
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )
+
+preload_hearing()  # the VAD's weights now, not under the first device's first window
 
 # Start-up objects out of the collector's reach, young collections less often (xiaozhi_site/collector.py).
 settle_heap()

@@ -72,6 +72,22 @@ async def _speculative(
     return Speculation(text, kind, attempts, early(text))
 
 
+def preload_hearing(kind: str = SessionConfig.vad) -> None:
+    """Build the process's VAD with its default options before the first device (a web worker
+    calls it at start-up). Silero's weights are read with the first window otherwise: the onnx
+    import and two onnxruntime graphs, ~0.2 s mostly on the interpreter lock (and 43 MiB), and
+    with the first session's window every other session of the worker waited: the watcher's
+    timer 250-350 ms late as a fleet arrived (docs/performance.md, session 46). A VAD that
+    cannot load is logged; sessions then fail on it as they would have."""
+    try:
+        vad = registry.shared("vad", kind)
+        load = getattr(vad, "network", None)
+        if callable(load):
+            load()
+    except Exception:
+        log.warning("the VAD could not be loaded at start-up", exc_info=True, extra={"vad": kind})
+
+
 def _turn_model(config: SessionConfig) -> TurnModel | None:
     """The process's end-of-turn model, loading in the background; None (the persona's
     pauses end on the silence window) when it cannot be had."""

@@ -261,3 +261,32 @@ def test_full_scale_hostile_audio_gives_finite_probabilities_without_warnings() 
         probs = silero_stream().probabilities(samples.astype("<i2").tobytes())
         assert len(probs) == t.size // 512, name
         assert all(0.0 <= p <= 1.0 for p in probs), name
+
+
+# --- start-up: the worker loads the VAD before the first device ---------------------------
+
+
+def test_preloading_the_hearing_loads_the_sessions_vad_and_survives_one_that_cannot_load(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from conversations.pipeline.engine import preload_hearing
+
+    preload_hearing()
+    assert registry.shared("vad", "silero")._network is not None  # the instance every session shares
+    with caplog.at_level("WARNING"):
+        preload_hearing("no-such-vad")
+    assert "the VAD could not be loaded at start-up" in caplog.text
+
+
+def test_a_web_worker_has_the_vads_weights_once_its_application_is_imported() -> None:
+    import subprocess
+
+    script = (
+        "import os\n"
+        "os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'xiaozhi_site.settings')\n"
+        "import xiaozhi_site.asgi\n"
+        "from conversations.providers import registry\n"
+        "print(registry.shared('vad', 'silero')._network is not None)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.stdout.strip().splitlines()[-1:] == ["True"], done.stderr[-2000:]
