@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -54,42 +55,43 @@ async def test_past_capacity_daphne_refuses_a_new_device_with_1013_and_the_admit
         await asyncio.gather(admitted.close(), *(sim.close() for sim in refused))
 
 
-async def test_a_refused_upgrade_is_answered_on_its_first_read_and_one_in_pieces_by_daphnes_gate(
-        asgi_server_factory: Any) -> None:
+@contextlib.asynccontextmanager
+async def _full_worker(asgi_server_factory: Any) -> AsyncIterator[Any]:
+    """One worker with one streaming place, taken by a device that said hello (it holds the
+    place for 5 s while it arrives); afterwards that device must still be answered."""
     server = asgi_server_factory(XIAOZHI_MAX_STREAMING_SESSIONS="1", XIAOZHI_WORKERS="1")
     admitted = await _device(server)
     try:
         assert (await admitted.hello())["type"] == "hello"
-        request, close = _REQUEST, _CLOSE_FULL
-        whole, reset = await _raw_exchange(server, [request])
-        assert not reset  # a half-close: the client reads every byte, then the end
-        assert whole == (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\n"
-                         b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n" + close)
-        pieces, _reset = await _raw_exchange(server, [request[:40], request[40:]])
-        head, _, frames = pieces.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 101 ") and b"Server: daphne" in head  # autobahn's handshake
-        assert frames.startswith(close)
-        assert (await admitted.hello())["type"] == "hello"
+        yield server
+        assert (await admitted.hello())["type"] == "hello"  # its session is untouched
     finally:
         await admitted.close()
 
 
+async def test_a_refused_upgrade_is_answered_on_its_first_read_and_one_in_pieces_by_daphnes_gate(
+        asgi_server_factory: Any) -> None:
+    async with _full_worker(asgi_server_factory) as server:
+        whole, reset = await _raw_exchange(server, [_REQUEST])
+        assert not reset  # a half-close: the client reads every byte, then the end
+        assert whole == (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\n"
+                         b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n" + _CLOSE_FULL)
+        pieces, _reset = await _raw_exchange(server, [_REQUEST[:40], _REQUEST[40:]])
+        head, _, frames = pieces.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101 ") and b"Server: daphne" in head  # autobahn's handshake
+        assert frames.startswith(_CLOSE_FULL)
+
+
 async def test_a_burst_at_a_full_worker_waits_in_the_kernels_queue_and_every_device_hears_1013_in_time(
         asgi_server_factory: Any) -> None:
-    # 60 at once at a full worker: more than one a tick, so the line is paced by its deadline;
-    # every one is answered with 1013 within the firmware's 10 s, the admitted device untouched.
-    server = asgi_server_factory(XIAOZHI_MAX_STREAMING_SESSIONS="1", XIAOZHI_WORKERS="1")
-    admitted = await _device(server)
-    try:
-        assert (await admitted.hello())["type"] == "hello"
+    # 60 at once at a full worker: taken by the line's pacing (one a tick here, ~3 s in all), each
+    # answered with 1013 within the firmware's 10 s.
+    async with _full_worker(asgi_server_factory) as server:
         await _logged(server, "pacing new connections on 1 listening port(s)")  # the watcher reads the line
         burst = await asyncio.wait_for(asyncio.gather(*(_raw_exchange(server, [_REQUEST]) for _ in range(60))),
                                        timeout=10)
         assert all(received.endswith(_CLOSE_FULL) for received, _reset in burst)
         assert "places full: waiting connections are refused by their deadline" in server.log()
-        assert (await admitted.hello())["type"] == "hello"
-    finally:
-        await admitted.close()
 
 
 _REQUEST = (b"GET /xiaozhi/v1/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"

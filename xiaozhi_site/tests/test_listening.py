@@ -92,8 +92,9 @@ def test_a_closing_port_is_not_read_again(port: Any) -> None:
 def test_outside_daphne_there_is_nothing_to_pace_and_no_reactor_is_installed() -> None:
     script = (
         "import sys\n"
-        "from xiaozhi_site.listening import ListeningPorts, queue_length, _reactor_ports\n"
+        "from xiaozhi_site.listening import ListeningPorts, _reactor_ports\n"
         "assert _reactor_ports() == []\n"
+        "assert ListeningPorts().line() == (0, 0)\n"
         "ListeningPorts().pace(0)\n"
         "ListeningPorts().pace(None)\n"
         "assert 'twisted.internet.reactor' not in sys.modules\n"
